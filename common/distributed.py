@@ -1,0 +1,255 @@
+"""Distributed setup that works under every common launcher.
+
+One call, ``setup_distributed(args)``, works out how this process was started
+(torchrun / torch.distributed.launch / accelerate, Slurm, MPI, an explicit
+``--dist-url``, or plain ``python``), initialises the process group and returns
+a ``DistInfo``. ``cleanup_distributed()`` undoes it; train scripts call it in a
+``finally`` so error paths never leave a process group behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import random
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as dist
+
+from common.errors import UserError
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+    launcher: str = "single"
+    backend: str | None = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """What the launcher told us, before any process group exists."""
+
+    launcher: str
+    rank: int
+    local_rank: int
+    world_size: int
+    init_method: str  # "env://" or "tcp://host:port"
+
+
+def add_dist_args(parser: argparse.ArgumentParser) -> None:
+    """The distributed flags shared by every train.py."""
+    g = parser.add_argument_group("distributed")
+    g.add_argument("--dist-backend", default=None, help="nccl | gloo | ccl | xccl (default: nccl with CUDA, else gloo)")
+    g.add_argument("--dist-url", default=None, help="init method, e.g. tcp://HOST:PORT (only without a launcher)")
+    g.add_argument("--world-size", type=int, default=-1, help="number of processes (with --dist-url)")
+    g.add_argument("--rank", type=int, default=-1, help="global rank of this process (with --dist-url)")
+    # torch.distributed.launch passes --local-rank (torch>=2.0) or --local_rank (older).
+    g.add_argument("--local-rank", "--local_rank", dest="local_rank", type=int, default=None, help=argparse.SUPPRESS)
+    g.add_argument("--dist-timeout", type=float, default=600.0, help="seconds before a stuck rendezvous or collective fails")
+
+
+def _int(env: Mapping[str, str], *names: str) -> int | None:
+    for name in names:
+        if env.get(name, "") != "":
+            return int(env[name])
+    return None
+
+
+def slurm_master_addr(env: Mapping[str, str]) -> str:
+    """First host of the job's node list, expanded by ``scontrol show hostnames``."""
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not nodelist:
+        return "127.0.0.1"
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
+        return out.stdout.split()[0]
+    except (OSError, subprocess.CalledProcessError, IndexError):
+        return nodelist.split(",")[0].split("[")[0]  # best effort for "node" or "node,node2"
+
+
+def detect_launcher(
+    env: Mapping[str, str] | None = None,
+    dist_url: str | None = None,
+    world_size: int = -1,
+    rank: int = -1,
+    local_rank: int | None = None,
+) -> LaunchEnv:
+    """Work out rank, world size and rendezvous from the environment.
+
+    Order: torchrun-style variables (also inside Slurm/MPI, where they win),
+    Slurm tasks, MPI, an explicit --dist-url, else a single process.
+    """
+    env = os.environ if env is None else env
+    # 1. torchrun / torch.distributed.launch / accelerate all export RANK and WORLD_SIZE.
+    if "RANK" in env and "WORLD_SIZE" in env:
+        if "TORCHELASTIC_RUN_ID" in env and any(k.startswith("ACCELERATE_") for k in env):
+            name = "accelerate"
+        elif "TORCHELASTIC_RUN_ID" in env:
+            name = "torchrun"
+        else:
+            name = "env"
+        lr = _int(env, "LOCAL_RANK")
+        return LaunchEnv(name, int(env["RANK"]), lr if lr is not None else (local_rank or 0), int(env["WORLD_SIZE"]), "env://")
+    master_port = env.get("MASTER_PORT")
+    # 2. Slurm: one task per process (srun --ntasks-per-node=GPUS python train.py).
+    # SLURM_STEP_NUM_TASKS only exists inside an srun step, so a plain `python` in an
+    # sbatch script (where SLURM_NTASKS may be > 1) is not mistaken for a rank.
+    slurm_n = _int(env, "SLURM_STEP_NUM_TASKS")
+    if "SLURM_PROCID" in env and slurm_n is not None and slurm_n > 1:
+        addr = env.get("MASTER_ADDR") or slurm_master_addr(env)
+        port = master_port or str(15000 + int(env.get("SLURM_JOB_ID", "0")) % 20000)
+        return LaunchEnv("slurm", int(env["SLURM_PROCID"]), _int(env, "SLURM_LOCALID") or 0, slurm_n, f"tcp://{addr}:{port}")
+    # 3. MPI: MPICH / Intel MPI hydra (PMI_*), Open MPI (OMPI_COMM_WORLD_*), MVAPICH2 (MV2_*).
+    for name, r, s, lr in (
+        ("mpi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+        ("mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+        ("mpi", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK"),
+    ):
+        if r in env and s in env and int(env[s]) > 1:
+            addr = env.get("MASTER_ADDR", "127.0.0.1")
+            return LaunchEnv(name, int(env[r]), _int(env, lr) or 0, int(env[s]), f"tcp://{addr}:{master_port or 29500}")
+    # 4. Explicit --dist-url/--world-size/--rank (the pytorch/examples style).
+    if dist_url and world_size > 1:
+        if rank < 0:
+            raise UserError("--dist-url needs --rank (this process's global rank)")
+        return LaunchEnv("dist-url", rank, local_rank or 0, world_size, dist_url)
+    # 5. Plain `python train.py`.
+    return LaunchEnv("single", 0, local_rank or 0, 1, "")
+
+
+def _pick_backend(requested: str | None, device: torch.device) -> str:
+    backend = requested or ("nccl" if device.type == "cuda" else "gloo")
+    if backend == "ccl":
+        try:
+            import oneccl_bindings_for_pytorch  # noqa: F401  (registers the "ccl" backend)
+        except ImportError:
+            raise UserError(
+                "--dist-backend ccl needs Intel's oneCCL bindings (pip install oneccl_bind_pt, "
+                "or source oneAPI's setvars.sh); use gloo on CPUs without it"
+            ) from None
+    if backend == "nccl" and device.type != "cuda":
+        raise UserError("--dist-backend nccl needs CUDA GPUs (use gloo on CPU)")
+    return backend
+
+
+def setup_distributed(args: argparse.Namespace, *, launch: LaunchEnv | None = None) -> DistInfo:
+    """Init the process group for however we were launched; return this rank's info.
+
+    Sets the CUDA device from the local rank *before* init so NCCL never puts
+    two ranks on GPU 0.
+    """
+    launch = launch or detect_launcher(None, args.dist_url, args.world_size, args.rank, args.local_rank)
+    if torch.cuda.is_available() and args.dist_backend not in ("gloo", "ccl"):
+        if launch.local_rank >= torch.cuda.device_count():
+            raise UserError(
+                f"local rank {launch.local_rank} but only {torch.cuda.device_count()} visible GPU(s) "
+                "(more processes per node than GPUs? check --nproc-per-node and CUDA_VISIBLE_DEVICES)"
+            )
+        device = torch.device("cuda", launch.local_rank)
+        torch.cuda.set_device(device)
+    elif getattr(torch, "xpu", None) is not None and torch.xpu.is_available():
+        device = torch.device("xpu", launch.local_rank)
+        torch.xpu.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if launch.world_size == 1 and launch.launcher in ("single", "env", "torchrun", "accelerate"):
+        # One process needs no process group; keeps `python train.py` free of ports.
+        return DistInfo(0, launch.local_rank, 1, device, launch.launcher, None)
+    backend = _pick_backend(args.dist_backend, device)
+    timeout = datetime.timedelta(seconds=args.dist_timeout)
+    try:
+        dist.init_process_group(
+            backend, init_method=launch.init_method, rank=launch.rank, world_size=launch.world_size, timeout=timeout
+        )
+    except Exception as e:  # turn rendezvous failures into one actionable line
+        msg = str(e)
+        where = launch.init_method if launch.init_method != "env://" else (
+            f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}")
+        if "EADDRINUSE" in msg or "address already in use" in msg.lower():
+            raise UserError(
+                f"port already in use at {where} (a stale job, e.g. after Ctrl-C? kill it or choose "
+                "another MASTER_PORT / --dist-url port / --rdzv-endpoint)"
+            ) from None
+        if "timed out" in msg.lower() or "timeout" in msg.lower() or "connect" in msg.lower():
+            raise UserError(
+                f"rendezvous with {where} failed after {args.dist_timeout:.0f}s: {msg.splitlines()[0][:200]} "
+                "(is the master reachable and the port open? check MASTER_ADDR, firewalls, "
+                "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME; debug with NCCL_DEBUG=INFO TORCH_DISTRIBUTED_DEBUG=DETAIL)"
+            ) from None
+        raise
+    return DistInfo(launch.rank, launch.local_rank, launch.world_size, device, launch.launcher, backend)
+
+
+def cleanup_distributed() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- small helpers
+
+
+def is_dist() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def barrier() -> None:
+    if is_dist():
+        dist.barrier()
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum a tensor over all ranks (in place) and return it."""
+    if is_dist():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
+    if is_dist():
+        all_reduce_sum(t).div_(dist.get_world_size())
+    return t
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    if not is_dist():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def print0(*a: Any, **kw: Any) -> None:
+    """print() on global rank 0 only (works before and after init)."""
+    if not is_dist() or dist.get_rank() == 0:
+        print(*a, **kw, flush=True)
+
+
+def seed_everything(seed: int, rank: int = 0) -> None:
+    """Seed python, numpy and torch with a per-rank offset."""
+    s = seed + rank
+    random.seed(s)
+    torch.manual_seed(s)
+    if "numpy" in sys.modules:  # only if the script uses numpy; never import it for this
+        sys.modules["numpy"].random.seed(s % 2**32)
+
+
+def mix_seed(*parts: int) -> int:
+    """A deterministic 63-bit seed from several integers (seed, epoch, index, ...)."""
+    h = 0x9E3779B97F4A7C15
+    for p in parts:
+        h = (h ^ (int(p) + 0x9E3779B97F4A7C15 + ((h << 6) & (2**64 - 1)) + (h >> 2))) & (2**64 - 1)
+        h = (h * 0xBF58476D1CE4E5B9) & (2**64 - 1)
+    return h >> 1

@@ -1,0 +1,89 @@
+"""Small training helpers shared by the scripts: precision, LR shape, stop signals."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+from typing import Any, Iterable
+
+import torch
+import torch.distributed as dist
+
+from common.distributed import is_dist
+
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "stopped on a signal after saving; rerun the same command"
+
+
+def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
+    """``--amp auto|bf16|fp16|none`` -> autocast dtype (None: full precision). auto = bf16 on GPU."""
+    if amp == "auto":
+        amp = "bf16" if device.type == "cuda" else "none"
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}[amp]
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """The one precision context used around forward passes."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def warmup_cosine(step: int, warmup: int, total: int, final: float = 0.0) -> float:
+    """LR multiplier: linear warmup from 0, then cosine down to ``final``. Pure in ``step``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return final + (1 - final) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float, skip_norm_bias: bool = True) -> list[dict[str, Any]]:
+    """Weight decay on weights only; none on norm layers and biases (1-d params) if asked."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (no_decay if skip_norm_bias and p.ndim <= 1 else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def count_params(params: Iterable[torch.nn.Parameter]) -> int:
+    return sum(p.numel() for p in params)
+
+
+class StopSignal:
+    """Turns SIGTERM (and ``--stop-signal``, default SIGUSR2) into a stop at a step boundary.
+
+    Any rank (or the launcher, which forwards signals) may get the signal; all
+    ranks agree through a tiny all-reduce on a CPU (gloo) group, started at one
+    step and read at the next, so it never blocks the GPU stream.
+    """
+
+    def __init__(self, names: Iterable[str] = ("SIGTERM", "SIGUSR2")):
+        self.flag = torch.zeros(1, dtype=torch.int32)
+        self.work = None
+        self.group = None
+        self.received: str | None = None
+        for name in names:
+            signal.signal(getattr(signal, name), self._handler)
+        if is_dist():
+            self.group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.received = signal.Signals(signum).name
+
+    def should_stop(self) -> bool:
+        """Call once per optimizer step on every rank; True once any rank got a signal."""
+        if not is_dist():
+            return self.received is not None
+        stop = False
+        if self.work is not None:
+            self.work.wait()
+            stop = bool(self.flag.item())
+        self.flag.fill_(1 if self.received else 0)
+        self.work = dist.all_reduce(self.flag, group=self.group, async_op=True)
+        return stop
+
+    def close(self) -> None:
+        if self.work is not None:
+            self.work.wait()
+            self.work = None
