@@ -104,8 +104,12 @@ def load_splits(args, transform_train, transform_eval):
         return SyntheticCIFAR(5000, args.seed, transform_train), SyntheticCIFAR(1000, args.seed + 1, transform_eval), "val"
     root = Path(args.data_dir)
     if args.download or (root / "cifar-10-batches-py").is_dir():
+        class CIFAR10(datasets.CIFAR10):  # check files exist, not their MD5 (allows re-exported copies)
+            def _check_integrity(self) -> bool:
+                return all((root / self.base_folder / f).is_file() for f, _ in self.train_list + self.test_list)
+
         try:
-            make = functools.partial(datasets.CIFAR10, str(root), download=args.download)
+            make = functools.partial(CIFAR10, str(root), download=args.download)
             train, test = make(train=True, transform=transform_train), make(train=False, transform=transform_eval)
         except RuntimeError as e:  # torchvision's "Dataset not found or corrupted"
             raise UserError(f"CIFAR-10 in {root}: {e} (use --download, or point --data-dir at it)") from None
