@@ -24,10 +24,18 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # find common/ when run as a script
-from common.checkpoint import load_checkpoint, load_model_state, resolve_resume, save_checkpoint, unwrap
+from common.checkpoint import load_checkpoint, load_model_state, resolve_resume, save_checkpoint
 from common.data import ExactEvalSampler, ResumableDistributedSampler, SeededDataset, loader_generator, seed_worker
-from common.distributed import (add_dist_args, all_reduce_sum, barrier, cleanup_distributed, mix_seed, print0,
-                                seed_everything, setup_distributed)
+from common.distributed import (
+    add_dist_args,
+    all_reduce_sum,
+    barrier,
+    cleanup_distributed,
+    mix_seed,
+    print0,
+    seed_everything,
+    setup_distributed,
+)
 from common.errors import UserError, run_cli
 from common.metrics import MetricsLogger, Progress, prepare_output_dir
 from common.utils import PREEMPTED_EXIT_CODE, StopSignal, amp_dtype, autocast, param_groups, warmup_cosine
@@ -37,13 +45,23 @@ ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     g = p.add_argument_group("data")
-    g.add_argument("--data-dir", default="data/cifar10", help="torchvision CIFAR-10 root, or ImageFolder with train/ and test/ (or val/)")
-    g.add_argument("--download", action="store_true", help="download torchvision CIFAR-10 into --data-dir (rank 0 only)")
+    g.add_argument(
+        "--data-dir",
+        default="data/cifar10",
+        help="torchvision CIFAR-10 root, or ImageFolder with train/ and test/ (or val/)",
+    )
+    g.add_argument(
+        "--download", action="store_true", help="download torchvision CIFAR-10 into --data-dir (rank 0 only)"
+    )
     g.add_argument("--synthetic", action="store_true", help="random images of the right shape: no disk, no network")
     g.add_argument("--val-split", type=int, default=0, help="hold out N train images (seeded) as the validation set")
-    g.add_argument("--gpu-data", action="store_true", help="keep the uint8 dataset on the device; crop+flip there (fastest)")
+    g.add_argument(
+        "--gpu-data", action="store_true", help="keep the uint8 dataset on the device; crop+flip there (fastest)"
+    )
     g.add_argument("-j", "--workers", type=int, default=4, help="DataLoader workers per process")
     g = p.add_argument_group("model")
     g.add_argument("-a", "--arch", default="resnet18", help="|".join(ARCHS))
@@ -62,7 +80,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--label-smoothing", type=float, default=0.1)
     g.add_argument("--warmup-epochs", type=float, default=1.0)
     g.add_argument("--sched", choices=("cosine", "onecycle"), default="cosine")
-    g.add_argument("--amp", choices=("auto", "bf16", "fp16", "none"), default="auto", help="auto: bf16 on GPU, off on CPU")
+    g.add_argument(
+        "--amp", choices=("auto", "bf16", "fp16", "none"), default="auto", help="auto: bf16 on GPU, off on CPU"
+    )
     g.add_argument("--tta", action="store_true", help="also average predictions over horizontal flips at eval")
     g = p.add_argument_group("run")
     g.add_argument("--output-dir", default="runs/cifar")
@@ -96,23 +116,53 @@ class SyntheticCIFAR(torch.utils.data.Dataset):
         return (self.transform(img) if self.transform else img), self.targets[i]
 
 
+class CIFARPickles(torch.utils.data.Dataset):
+    """torchvision's CIFAR-10 files (cifar-10-batches-py/), read without MD5 checks so copies work."""
+
+    def __init__(self, folder: Path, train: bool, transform=None):
+        import pickle
+
+        import numpy as np
+
+        names = [f"data_batch_{i}" for i in range(1, 6)] if train else ["test_batch"]
+        data, self.targets = [], []
+        for name in names:
+            try:
+                with open(folder / name, "rb") as f:
+                    entry = pickle.load(f, encoding="latin1")
+            except (OSError, pickle.UnpicklingError, EOFError) as e:
+                raise UserError(f"cannot read CIFAR-10 batch {folder / name}: {e}") from None
+            data.append(entry["data"])
+            self.targets += entry["labels"]
+        self.data = np.concatenate(data).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)  # NHWC uint8
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, i: int):
+        from PIL import Image
+
+        img = Image.fromarray(self.data[i])
+        return (self.transform(img) if self.transform else img), self.targets[i]
+
+
 def load_splits(args, transform_train, transform_eval):
     """(train, eval, eval_name) datasets for the chosen source, with their transforms."""
     from torchvision import datasets
 
     if args.synthetic:
-        return SyntheticCIFAR(5000, args.seed, transform_train), SyntheticCIFAR(1000, args.seed + 1, transform_eval), "val"
+        return (
+            SyntheticCIFAR(5000, args.seed, transform_train),
+            SyntheticCIFAR(1000, args.seed + 1, transform_eval),
+            "val",
+        )
     root = Path(args.data_dir)
     if args.download or (root / "cifar-10-batches-py").is_dir():
-        class CIFAR10(datasets.CIFAR10):  # check files exist, not their MD5 (allows re-exported copies)
-            def _check_integrity(self) -> bool:
-                return all((root / self.base_folder / f).is_file() for f, _ in self.train_list + self.test_list)
-
-        try:
-            make = functools.partial(CIFAR10, str(root), download=args.download)
-            train, test = make(train=True, transform=transform_train), make(train=False, transform=transform_eval)
-        except RuntimeError as e:  # torchvision's "Dataset not found or corrupted"
-            raise UserError(f"CIFAR-10 in {root}: {e} (use --download, or point --data-dir at it)") from None
+        if args.download:
+            datasets.CIFAR10(str(root), download=True)  # fetch and MD5-check once
+        make = functools.partial(CIFARPickles, root / "cifar-10-batches-py")
+        train, test = make(train=True, transform=transform_train), make(train=False, transform=transform_eval)
         eval_name = "test"
     elif (root / "train").is_dir():
         test_dir = next((root / s for s in ("test", "val") if (root / s).is_dir()), None)
@@ -135,7 +185,10 @@ def load_splits(args, transform_train, transform_eval):
             raise UserError(f"--val-split {args.val_split} leaves no training images (train has {n})")
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(mix_seed(args.seed, 12345))).tolist()
         held = copy_with_transform(train, transform_eval)
-        train, test = torch.utils.data.Subset(train, perm[args.val_split :]), torch.utils.data.Subset(held, perm[: args.val_split])
+        train, test = (
+            torch.utils.data.Subset(train, perm[args.val_split :]),
+            torch.utils.data.Subset(held, perm[: args.val_split]),
+        )
         eval_name = "val"
     return train, test, eval_name
 
@@ -165,7 +218,7 @@ def normalize(x_uint8_nhwc: torch.Tensor) -> torch.Tensor:
 def gpu_crop_flip(x_padded: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """Random 32x32 crop of 40x40 padded uint8 NHWC images plus random flip, in one gather."""
     b, dev = x_padded.shape[0], x_padded.device
-    dx, dy = (torch.randint(0, 9, (2, b), device=dev, generator=gen))
+    dx, dy = torch.randint(0, 9, (2, b), device=dev, generator=gen)
     flip = torch.rand(b, device=dev, generator=gen) < 0.5
     ar = torch.arange(32, device=dev)
     rows = dy[:, None] + ar
@@ -199,12 +252,14 @@ def evaluate(model, batches, device, dtype, tta: bool) -> dict[str, float]:
             if tta:
                 logits = (logits + model(torch.flip(x, dims=[3])).float()) / 2
         top5 = logits.topk(5, dim=1).indices
-        sums += torch.stack([
-            F.cross_entropy(logits, y, reduction="sum").double(),
-            (top5[:, 0] == y).sum().double(),
-            (top5 == y[:, None]).any(dim=1).sum().double(),
-            torch.tensor(float(y.numel()), device=device, dtype=torch.float64),
-        ])
+        sums += torch.stack(
+            [
+                F.cross_entropy(logits, y, reduction="sum").double(),
+                (top5[:, 0] == y).sum().double(),
+                (top5 == y[:, None]).any(dim=1).sum().double(),
+                torch.tensor(float(y.numel()), device=device, dtype=torch.float64),
+            ]
+        )
     loss, c1, c5, n = all_reduce_sum(sums).tolist()
     model.train()
     return {"loss": loss / max(n, 1), "acc1": 100 * c1 / max(n, 1), "acc5": 100 * c5 / max(n, 1), "count": int(n)}
@@ -228,8 +283,11 @@ def main(args: argparse.Namespace) -> None:
     # ---- data
     import torchvision.transforms as T
 
-    tf_eval = T.Compose([T.ToTensor(), T.Normalize(MEAN, STD)]) if not args.synthetic else T.Compose(
-        [T.ConvertImageDtype(torch.float), T.Normalize(MEAN, STD)])
+    tf_eval = (
+        T.Compose([T.ToTensor(), T.Normalize(MEAN, STD)])
+        if not args.synthetic
+        else T.Compose([T.ConvertImageDtype(torch.float), T.Normalize(MEAN, STD)])
+    )
     tf_train = T.Compose([T.RandomCrop(32, padding=4, padding_mode="reflect"), T.RandomHorizontalFlip(), tf_eval])
     if args.download and info.is_main:  # rank 0 downloads, the others wait, then all read
         load_splits(args, None, None)
@@ -251,20 +309,27 @@ def main(args: argparse.Namespace) -> None:
     steps_per_epoch = len(sampler) // args.batch_size // args.accum_steps
     if steps_per_epoch == 0:
         raise UserError(f"global batch {global_batch} is larger than the {n_train} training images")
-    loader_kw = dict(num_workers=args.workers, pin_memory=device.type == "cuda", worker_init_fn=seed_worker,
-                     persistent_workers=args.workers > 0, generator=loader_generator(args.seed, info.rank))
+    loader_kw = dict(
+        num_workers=args.workers,
+        pin_memory=device.type == "cuda",
+        worker_init_fn=seed_worker,
+        persistent_workers=args.workers > 0,
+        generator=loader_generator(args.seed, info.rank),
+    )
     if not args.gpu_data:
-        train_loader = torch.utils.data.DataLoader(SeededDataset(train_ds, args.seed), args.batch_size, sampler=sampler,
-                                                   drop_last=True, **loader_kw)
-        eval_loader = torch.utils.data.DataLoader(eval_ds, 256, sampler=ExactEvalSampler(len(eval_ds), info.rank, info.world_size),
-                                                  **loader_kw)
+        train_loader = torch.utils.data.DataLoader(
+            SeededDataset(train_ds, args.seed), args.batch_size, sampler=sampler, drop_last=True, **loader_kw
+        )
+        eval_loader = torch.utils.data.DataLoader(
+            eval_ds, 256, sampler=ExactEvalSampler(len(eval_ds), info.rank, info.world_size), **loader_kw
+        )
 
     def train_batches(epoch: int, skip: int):
         """(x, y) device batches of `epoch`, after skipping `skip` micro-batches already done."""
         sampler.set_epoch(epoch, skip=skip * args.batch_size)
         n = max(0, steps_per_epoch * args.accum_steps - skip) * args.batch_size
         if args.gpu_data:
-            idx = torch.tensor(sampler.indices()[skip * args.batch_size:][:n], device=device, dtype=torch.long)
+            idx = torch.tensor(sampler.indices()[skip * args.batch_size :][:n], device=device, dtype=torch.long)
             gen = torch.Generator(device)
             for i, b in enumerate(idx.split(args.batch_size), start=skip):
                 gen.manual_seed(mix_seed(args.seed, epoch, info.rank, i))  # per batch: resumable mid-epoch
@@ -293,14 +358,16 @@ def main(args: argparse.Namespace) -> None:
     eval_model = torch.compile(model) if args.compile else model
     # [DDP 3] wrap the model: gradients are averaged across ranks during backward.
     if info.world_size > 1:
-        model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                                    gradient_as_bucket_view=True)
+        model = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True
+        )
     train_model = torch.compile(model) if args.compile else model
 
     # ---- optimizer and LR schedule (a pure function of the step)
     lr = args.lr * global_batch / 512
-    optimizer = torch.optim.SGD(param_groups(model_without_ddp, args.weight_decay), lr=lr, momentum=args.momentum,
-                                nesterov=args.nesterov)
+    optimizer = torch.optim.SGD(
+        param_groups(model_without_ddp, args.weight_decay), lr=lr, momentum=args.momentum, nesterov=args.nesterov
+    )
     total_steps = args.epochs * steps_per_epoch
     warmup = int(args.warmup_epochs * steps_per_epoch)
     if args.sched == "cosine":
@@ -328,23 +395,40 @@ def main(args: argparse.Namespace) -> None:
         wandb_id = ckpt.get("wandb_id")
         print0(f"resumed from {ckpt_path}: epoch {epoch}, step {step}, batch {batch_in_epoch} of the epoch")
         if ckpt.get("world_size") not in (None, info.world_size):
-            print0(f"note: checkpoint was written with world size {ckpt['world_size']}, now {info.world_size}; "
-                   "the data order from here on differs from an uninterrupted run")
+            print0(
+                f"note: checkpoint was written with world size {ckpt['world_size']}, now {info.world_size}; "
+                "the data order from here on differs from an uninterrupted run"
+            )
 
     def save(name: str, keep_last: int = 0) -> None:
         if info.is_main:  # [DDP 4] only rank 0 writes, atomically
-            save_checkpoint({
-                "model": model_without_ddp.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-                "epoch": epoch, "step": step, "batch_in_epoch": batch_in_epoch, "best_metric": best,
-                "args": vars(args), "world_size": info.world_size, "wandb_id": wandb_id,
-            }, out / name, keep_last=keep_last)
+            save_checkpoint(
+                {
+                    "model": model_without_ddp.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "scaler": scaler.state_dict(),
+                    "epoch": epoch,
+                    "step": step,
+                    "batch_in_epoch": batch_in_epoch,
+                    "best_metric": best,
+                    "args": vars(args),
+                    "world_size": info.world_size,
+                    "wandb_id": wandb_id,
+                },
+                out / name,
+                keep_last=keep_last,
+            )
 
     logger = MetricsLogger(out, info, args.wandb)
-    config = logger.write_config(args, {"global_batch": global_batch, "peak_lr": lr, "steps_per_epoch": steps_per_epoch})
+    config = logger.write_config(
+        args, {"global_batch": global_batch, "peak_lr": lr, "steps_per_epoch": steps_per_epoch}
+    )
     wandb_id = logger.start_wandb("cifar_resnet", config, wandb_id)
-    print0(f"{args.arch} on {n_train} images | {info.world_size} process(es) on {device.type} ({info.launcher}) | "
-           f"global batch {global_batch} = {args.batch_size} x {info.world_size} x {args.accum_steps} | peak lr {lr:.4g}")
+    print0(
+        f"{args.arch} on {n_train} images | {info.world_size} process(es) on {device.type} ({info.launcher}) | "
+        f"global batch {global_batch} = {args.batch_size} x {info.world_size} x {args.accum_steps} | peak lr {lr:.4g}"
+    )
     max_steps = min(total_steps, args.max_steps or total_steps)
     progress = Progress(info, max_steps, step)
     stop = StopSignal()
@@ -360,7 +444,9 @@ def main(args: argparse.Namespace) -> None:
             sync = micro % args.accum_steps == 0
             with model.no_sync() if (not sync and info.world_size > 1) else contextlib.nullcontext():
                 with autocast(device, dtype):
-                    loss = criterion(train_model(x.contiguous(memory_format=torch.channels_last) if channels_last else x), y)
+                    loss = criterion(
+                        train_model(x.contiguous(memory_format=torch.channels_last) if channels_last else x), y
+                    )
                 scaler.scale(loss / args.accum_steps).backward()
             loss_sum += loss.detach()
             if not sync:
@@ -376,9 +462,19 @@ def main(args: argparse.Namespace) -> None:
                 loss_avg = all_reduce_sum(loss_sum.clone()).item() / (loss_n * info.world_size)  # the one host sync
                 dt = time.time() - t0
                 ips = (step - step0) * global_batch / dt
-                logger.log({"split": "train", "epoch": epoch, "step": step, "loss": loss_avg,
-                            "lr": scheduler.get_last_lr()[0], "img_per_s": ips})
-                progress.update(step, f"epoch {epoch} loss {loss_avg:.4f} lr {scheduler.get_last_lr()[0]:.4g} {ips:.0f} img/s")
+                logger.log(
+                    {
+                        "split": "train",
+                        "epoch": epoch,
+                        "step": step,
+                        "loss": loss_avg,
+                        "lr": scheduler.get_last_lr()[0],
+                        "img_per_s": ips,
+                    }
+                )
+                progress.update(
+                    step, f"epoch {epoch} loss {loss_avg:.4f} lr {scheduler.get_last_lr()[0]:.4g} {ips:.0f} img/s"
+                )
                 loss_sum.zero_()
                 loss_n, t0, step0 = 0, time.time(), step
             if args.save_every_steps and step % args.save_every_steps == 0:
@@ -389,21 +485,27 @@ def main(args: argparse.Namespace) -> None:
         epoch_done = batch_in_epoch >= steps_per_epoch * args.accum_steps
         if epoch_done:
             epoch, batch_in_epoch = epoch + 1, 0
-        if (epoch_done and (epoch % args.eval_every == 0 or epoch == args.epochs)) or (step >= max_steps and not stopped):
-                m = evaluate(eval_model, eval_batches(), device, dtype, args.tta)
-                logger.log({"split": eval_name, "epoch": epoch, "step": step, **m})
-                progress.write(f"epoch {epoch} {eval_name}: loss {m['loss']:.4f} acc1 {m['acc1']:.2f} acc5 {m['acc5']:.2f} "
-                               f"({m['count']} images)")
-                if m["acc1"] > best:
-                    best = m["acc1"]
-                    save("best.pt")
-                t0, step0 = time.time(), step  # keep eval time out of the throughput
+        if (epoch_done and (epoch % args.eval_every == 0 or epoch == args.epochs)) or (
+            step >= max_steps and not stopped
+        ):
+            m = evaluate(eval_model, eval_batches(), device, dtype, args.tta)
+            logger.log({"split": eval_name, "epoch": epoch, "step": step, **m})
+            progress.write(
+                f"epoch {epoch} {eval_name}: loss {m['loss']:.4f} acc1 {m['acc1']:.2f} acc5 {m['acc5']:.2f} "
+                f"({m['count']} images)"
+            )
+            if m["acc1"] > best:
+                best = m["acc1"]
+                save("best.pt")
+            t0, step0 = time.time(), step  # keep eval time out of the throughput
         save("last.pt")
     stop.close()
     progress.close()
     if stopped:
-        print0(f"stopped by {stop.received or 'a signal on another rank'} at step {step}; checkpoint saved, "
-               f"rerun the same command to continue (exit {PREEMPTED_EXIT_CODE})")
+        print0(
+            f"stopped by {stop.received or 'a signal on another rank'} at step {step}; checkpoint saved, "
+            f"rerun the same command to continue (exit {PREEMPTED_EXIT_CODE})"
+        )
         logger.close()
         sys.exit(PREEMPTED_EXIT_CODE)
     print0(f"done: step {step}, best {eval_name} acc1 {best:.2f}")

@@ -10,7 +10,8 @@ DataLoader workers, and after a resume.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset, Sampler

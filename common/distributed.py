@@ -15,8 +15,9 @@ import os
 import random
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -58,7 +59,9 @@ def add_dist_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rank", type=int, default=-1, help="global rank of this process (with --dist-url)")
     # torch.distributed.launch passes --local-rank (torch>=2.0) or --local_rank (older).
     g.add_argument("--local-rank", "--local_rank", dest="local_rank", type=int, default=None, help=argparse.SUPPRESS)
-    g.add_argument("--dist-timeout", type=float, default=600.0, help="seconds before a stuck rendezvous or collective fails")
+    g.add_argument(
+        "--dist-timeout", type=float, default=600.0, help="seconds before a stuck rendezvous or collective fails"
+    )
 
 
 def _int(env: Mapping[str, str], *names: str) -> int | None:
@@ -102,7 +105,9 @@ def detect_launcher(
         else:
             name = "env"
         lr = _int(env, "LOCAL_RANK")
-        return LaunchEnv(name, int(env["RANK"]), lr if lr is not None else (local_rank or 0), int(env["WORLD_SIZE"]), "env://")
+        return LaunchEnv(
+            name, int(env["RANK"]), lr if lr is not None else (local_rank or 0), int(env["WORLD_SIZE"]), "env://"
+        )
     master_port = env.get("MASTER_PORT")
     # 2. Slurm: one task per process (srun --ntasks-per-node=GPUS python train.py).
     # SLURM_STEP_NUM_TASKS only exists inside an srun step, so a plain `python` in an
@@ -111,7 +116,9 @@ def detect_launcher(
     if "SLURM_PROCID" in env and slurm_n is not None and slurm_n > 1:
         addr = env.get("MASTER_ADDR") or slurm_master_addr(env)
         port = master_port or str(15000 + int(env.get("SLURM_JOB_ID", "0")) % 20000)
-        return LaunchEnv("slurm", int(env["SLURM_PROCID"]), _int(env, "SLURM_LOCALID") or 0, slurm_n, f"tcp://{addr}:{port}")
+        return LaunchEnv(
+            "slurm", int(env["SLURM_PROCID"]), _int(env, "SLURM_LOCALID") or 0, slurm_n, f"tcp://{addr}:{port}"
+        )
     # 3. MPI: MPICH / Intel MPI hydra (PMI_*), Open MPI (OMPI_COMM_WORLD_*), MVAPICH2 (MV2_*).
     for name, r, s, lr in (
         ("mpi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
@@ -176,8 +183,11 @@ def setup_distributed(args: argparse.Namespace, *, launch: LaunchEnv | None = No
         )
     except Exception as e:  # turn rendezvous failures into one actionable line
         msg = str(e)
-        where = launch.init_method if launch.init_method != "env://" else (
-            f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}")
+        where = (
+            launch.init_method
+            if launch.init_method != "env://"
+            else (f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}")
+        )
         if "EADDRINUSE" in msg or "address already in use" in msg.lower():
             raise UserError(
                 f"port already in use at {where} (a stale job, e.g. after Ctrl-C? kill it or choose "

@@ -92,8 +92,9 @@ class MetricsLogger:
             f.write(json.dumps(record) + "\n")
         if self.wandb is not None:
             split = record.get("split", "train")
-            self.wandb.log({f"{split}/{k}": v for k, v in record.items() if isinstance(v, (int, float))},
-                           step=record.get("step"))
+            self.wandb.log(
+                {f"{split}/{k}": v for k, v in record.items() if isinstance(v, (int, float))}, step=record.get("step")
+            )
 
     def close(self) -> None:
         if self.wandb is not None:

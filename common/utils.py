@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist

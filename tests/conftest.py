@@ -27,7 +27,10 @@ def run(cmd: list[str], timeout: float = 300, env: dict | None = None, cwd: Path
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
     p = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
     if check and p.returncode != 0:
-        raise AssertionError(f"{' '.join(map(str, cmd))} exited {p.returncode}\n--- stdout\n{p.stdout[-4000:]}\n--- stderr\n{p.stderr[-4000:]}")
+        raise AssertionError(
+            f"{' '.join(map(str, cmd))} exited {p.returncode}\n"
+            f"--- stdout\n{p.stdout[-4000:]}\n--- stderr\n{p.stderr[-4000:]}"
+        )
     return p
 
 
