@@ -83,6 +83,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--amp", choices=("auto", "bf16", "fp16", "none"), default="auto", help="auto: bf16 on GPU, off on CPU"
     )
+    g.add_argument("-e", "--evaluate", action="store_true", help="only evaluate the checkpoint given by --resume")
     g.add_argument("--tta", action="store_true", help="also average predictions over horizontal flips at eval")
     g = p.add_argument_group("run")
     g.add_argument("--output-dir", default="runs/cifar")
@@ -425,6 +426,13 @@ def main(args: argparse.Namespace) -> None:
         args, {"global_batch": global_batch, "peak_lr": lr, "steps_per_epoch": steps_per_epoch}
     )
     wandb_id = logger.start_wandb("cifar_resnet", config, wandb_id)
+    if args.evaluate:
+        if ckpt_path is None:
+            raise UserError("--evaluate needs a checkpoint: --resume PATH (or an output dir with last.pt)")
+        m = evaluate(eval_model, eval_batches(), device, dtype, args.tta)
+        logger.log({"split": eval_name, "epoch": epoch, "step": step, **m})
+        print0(f"{ckpt_path} {eval_name}: loss {m['loss']:.4f} acc1 {m['acc1']:.2f} acc5 {m['acc5']:.2f} ({m['count']} images)")
+        return
     print0(
         f"{args.arch} on {n_train} images | {info.world_size} process(es) on {device.type} ({info.launcher}) | "
         f"global batch {global_batch} = {args.batch_size} x {info.world_size} x {args.accum_steps} | peak lr {lr:.4g}"

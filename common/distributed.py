@@ -13,8 +13,10 @@ import argparse
 import datetime
 import os
 import random
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -80,7 +82,16 @@ def slurm_master_addr(env: Mapping[str, str]) -> str:
         out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
         return out.stdout.split()[0]
     except (OSError, subprocess.CalledProcessError, IndexError):
-        return nodelist.split(",")[0].split("[")[0]  # best effort for "node" or "node,node2"
+        return first_host(nodelist)
+
+
+def first_host(nodelist: str) -> str:
+    """First host of a Slurm node list without scontrol: ``gpu[07-09,12],cpu1`` -> ``gpu07``."""
+    head = nodelist.split(",")[0] if "[" not in nodelist.split(",")[0] else nodelist[: nodelist.index("]") + 1]
+    if "[" not in head:
+        return head
+    prefix, rest = head.split("[", 1)
+    return prefix + rest.split("]")[0].split(",")[0].split("-")[0]
 
 
 def detect_launcher(
@@ -177,6 +188,8 @@ def setup_distributed(args: argparse.Namespace, *, launch: LaunchEnv | None = No
         return DistInfo(0, launch.local_rank, 1, device, launch.launcher, None)
     backend = _pick_backend(args.dist_backend, device)
     timeout = datetime.timedelta(seconds=args.dist_timeout)
+    if launch.init_method.startswith("tcp://") and launch.rank != 0:
+        _wait_for_master(launch.init_method, args.dist_timeout)
     try:
         dist.init_process_group(
             backend, init_method=launch.init_method, rank=launch.rank, world_size=launch.world_size, timeout=timeout
@@ -201,6 +214,25 @@ def setup_distributed(args: argparse.Namespace, *, launch: LaunchEnv | None = No
             ) from None
         raise
     return DistInfo(launch.rank, launch.local_rank, launch.world_size, device, launch.launcher, backend)
+
+
+def _wait_for_master(init_method: str, timeout_s: float) -> None:
+    """Probe tcp://HOST:PORT until it answers, so an unreachable master is one clear line
+    (torch would retry with multi-line C++ warnings and stack frames)."""
+    host, port = init_method[len("tcp://") :].rsplit(":", 1)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=min(5.0, timeout_s)):
+                return
+        except OSError as e:
+            if time.monotonic() > deadline:
+                raise UserError(
+                    f"rendezvous with {init_method} failed after {timeout_s:.0f}s: {e.strerror or e} "
+                    "(is the master (rank 0) running and reachable, and the port open? check MASTER_ADDR, firewalls, "
+                    "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME; debug with NCCL_DEBUG=INFO TORCH_DISTRIBUTED_DEBUG=DETAIL)"
+                ) from None
+            time.sleep(0.5)
 
 
 def cleanup_distributed() -> None:

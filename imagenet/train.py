@@ -1,0 +1,695 @@
+"""Train an ImageNet classifier (ResNet50 by default) with DistributedDataParallel.
+
+The command line of pytorch/examples imagenet/main.py works unchanged:
+
+    python imagenet/train.py -a resnet50 --dist-url tcp://NODE0:PORT --dist-backend nccl \
+        --multiprocessing-distributed --world-size NODES --rank NODE_RANK /data/imagenet
+    torchrun --standalone --nproc_per_node=8 imagenet/train.py /data/imagenet     # or torchrun, Slurm, MPI
+    python imagenet/train.py --dummy -a resnet50 --max-steps 100                    # benchmark the model only
+
+Differences from main.py: -b and -j are per process (main.py divides them by the GPUs of a node), --lr is
+for 256 images and scales with the global batch, and runs write to --output-dir (last.pt, best.pt,
+metrics.jsonl). Read top to bottom: arguments -> (optional) spawn -> distributed setup -> data -> model
+-> optimizer -> resume -> training loop with exact evaluation and checkpoints. See imagenet/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import difflib
+import functools
+import os
+import signal
+import socket
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # find common/ when run as a script
+from common.checkpoint import load_checkpoint, load_model_state, resolve_resume, save_checkpoint
+from common.data import ExactEvalSampler, ResumableDistributedSampler, SeededDataset, loader_generator, seed_worker
+from common.distributed import (
+    LaunchEnv,
+    add_dist_args,
+    all_reduce_sum,
+    cleanup_distributed,
+    detect_launcher,
+    mix_seed,
+    print0,
+    seed_everything,
+    setup_distributed,
+)
+from common.errors import UserError, run_cli
+from common.metrics import MetricsLogger, Progress, prepare_output_dir
+from common.utils import PREEMPTED_EXIT_CODE, StopSignal, amp_dtype, autocast, param_groups, warmup_cosine
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+# Defaults each recipe gives to the flags left unset (an explicit flag always wins).
+RECIPES = {
+    # torchvision V1 / pytorch/examples: 76.13% top-1 for ResNet50 (torchvision's number, not reproduced here).
+    "classic": dict(
+        lr=0.1,
+        momentum=0.9,
+        weight_decay=1e-4,
+        label_smoothing=0.0,
+        lr_schedule="step",
+        warmup_epochs=0.0,
+        norm_bias_decay=True,
+    ),  # fmt: skip
+    # NVIDIA DeepLearningExamples ResNet50 v1.5, 90 epochs AMP: 77.1% top-1 (their number, not reproduced here).
+    "modern": dict(
+        lr=0.256,
+        momentum=0.875,
+        weight_decay=1 / 32768,
+        label_smoothing=0.1,
+        lr_schedule="cosine",
+        warmup_epochs=5.0,
+        norm_bias_decay=False,
+    ),  # fmt: skip
+}
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument("data", metavar="DATA", nargs="?", help="ImageFolder root with train/<class>/* and val/<class>/*")
+    g = p.add_argument_group("data")
+    g.add_argument("-j", "--workers", type=int, default=4, help="DataLoader workers per process (main.py: per node)")
+    g.add_argument(
+        "--synthetic", "--dummy", dest="synthetic", action="store_true",
+        help="random batches made on the device, deterministic in (seed, step): benchmarks the model, not the disk",
+    )  # fmt: skip
+    g.add_argument("--dummy-sizes", type=int, nargs=2, default=(1281167, 50000), metavar=("TRAIN", "VAL"))
+    g.add_argument("--train-crop-size", type=int, default=224, help="RandomResizedCrop size")
+    g.add_argument("--val-resize-size", type=int, default=256, help="Resize before the center crop")
+    g.add_argument("--val-crop-size", type=int, default=224, help="CenterCrop size")
+    g.add_argument("--skip-bad-images", action="store_true", help="skip, count and report unreadable images")
+    g = p.add_argument_group("model")
+    g.add_argument("-a", "--arch", default="resnet50", help="any torchvision classification model name")
+    g.add_argument("--pretrained", action="store_true", help="start from torchvision's ImageNet weights")
+    g.add_argument("--weights", default=None, help="with --pretrained: IMAGENET1K_V1 (main.py's), V2, DEFAULT...")
+    g.add_argument("--compile", action="store_true", help="torch.compile the model")
+    g.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across ranks (GPU only)")
+    g.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None, help="default: on with CUDA")
+    g = p.add_argument_group("optimization (unset values come from --recipe)")
+    g.add_argument("--recipe", choices=tuple(RECIPES), default="classic", help="see RECIPES and the README")
+    g.add_argument("--epochs", type=int, default=90)
+    g.add_argument("--start-epoch", type=int, default=0, help="start from this epoch when not resuming")
+    g.add_argument("--max-steps", type=int, default=0, help="stop after this many optimizer steps (0: no limit)")
+    g.add_argument(
+        "-b", "--batch-size", type=int, default=256,
+        help="per process (main.py: per node); global = this x world size x accum",
+    )  # fmt: skip
+    g.add_argument("--accum-steps", type=int, default=1, help="gradient accumulation micro-batches per step")
+    g.add_argument("--lr", "--learning-rate", type=float, help="LR for 256 images, scaled linearly to the global batch")
+    g.add_argument("--momentum", type=float)
+    g.add_argument("--wd", "--weight-decay", dest="weight_decay", type=float)
+    g.add_argument("--norm-bias-decay", action=argparse.BooleanOptionalAction, help="weight decay on norms/biases")
+    g.add_argument("--label-smoothing", type=float)
+    g.add_argument("--lr-schedule", choices=("step", "cosine"))
+    g.add_argument("--lr-step-size", type=int, default=30, help="step schedule: decay every N epochs")
+    g.add_argument("--lr-gamma", type=float, default=0.1, help="step schedule: decay factor")
+    g.add_argument("--warmup-epochs", type=float, help="linear warmup (5 helps global batches above 1k)")
+    g.add_argument("--mixup-alpha", type=float, default=0.0, help="mixup Beta(alpha, alpha) (0: off)")
+    g.add_argument("--cutmix-alpha", type=float, default=0.0, help="cutmix Beta(alpha, alpha) (0: off)")
+    g.add_argument("--ema-decay", type=float, default=0.0, help="keep an EMA of the weights, e.g. 0.9999 (0: off)")
+    g.add_argument(
+        "--amp", choices=("auto", "bf16", "fp16", "none"), default="auto", help="auto: bf16 on GPU, off on CPU"
+    )
+    g = p.add_argument_group("run")
+    g.add_argument("--output-dir", default="runs/imagenet")
+    g.add_argument("--resume", default="auto", help="auto (continue from output-dir/last.pt if present) | PATH | none")
+    g.add_argument("-e", "--evaluate", action="store_true", help="evaluate --resume (or --pretrained) only")
+    g.add_argument("--save-every-steps", type=int, default=0, help="also checkpoint every N steps (0: at epoch end)")
+    g.add_argument("--keep-last", type=int, default=0, help="keep the N newest step_*.pt copies (0: none)")
+    g.add_argument("--eval-every", type=int, default=1, help="evaluate every N epochs (and at the end)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("-p", "--print-freq", type=int, default=10, help="log every N steps")
+    g.add_argument("--wandb", action="store_true", help="log to Weights & Biases from rank 0 (honours WANDB_MODE)")
+    add_dist_args(p)
+    g = p.add_argument_group("pytorch/examples launch mode")
+    g.add_argument(
+        "--multiprocessing-distributed", action="store_true",
+        help="spawn --nproc-per-node processes on this node; --world-size/--rank then count NODES, and a "
+        "process's global rank is rank x nproc-per-node + local rank (as in main.py)",
+    )  # fmt: skip
+    g.add_argument("--nproc-per-node", type=int, help="with --multiprocessing-distributed (default: GPUs, else 1)")
+    g.add_argument("--gpu", type=int, help="GPU id for a single process (or one per node with --dist-url)")
+    return p
+
+
+def apply_recipe(args: argparse.Namespace) -> argparse.Namespace:
+    for k, v in RECIPES[args.recipe].items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    return args
+
+
+def make_lr_fn(args: argparse.Namespace, steps_per_epoch: int):
+    """LR multiplier as a pure function of the optimizer step (so a resume lands on the same value)."""
+    warmup = round(args.warmup_epochs * steps_per_epoch)
+    if args.lr_schedule == "cosine":
+        return functools.partial(warmup_cosine, warmup=warmup, total=args.epochs * steps_per_epoch)
+    every = args.lr_step_size * steps_per_epoch  # main.py: lr * 0.1 ** (epoch // 30)
+    return lambda s: min(1.0, (s + 1) / warmup if warmup else 1.0) * args.lr_gamma ** (s // every)
+
+
+# ------------------------------------------------------------------ inputs (cheap checks, before any process starts)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    import torchvision
+
+    if args.batch_size <= 0 or args.accum_steps <= 0:
+        raise UserError("--batch-size and --accum-steps must be positive")
+    archs = torchvision.models.list_models(module=torchvision.models)
+    if args.arch not in archs:
+        near = difflib.get_close_matches(args.arch, archs, n=3)
+        raise UserError(f"unknown --arch {args.arch!r} (did you mean {', '.join(near) or 'resnet50'}?)")
+    if args.gpu is not None and not torch.cuda.is_available():
+        raise UserError(f"--gpu {args.gpu} but no CUDA GPU is visible (drop --gpu to run on the CPU)")
+    if args.synthetic:
+        return
+    if not args.data:
+        raise UserError("DATA is required (a folder with train/ and val/ of class folders), or pass --dummy")
+    root = Path(args.data)
+    if not root.is_dir():
+        raise UserError(f"data dir {root} does not exist")
+    classes = {}
+    for split in ("val",) if args.evaluate else ("train", "val"):
+        d = root / split
+        if not d.is_dir():
+            raise UserError(f"{root} has no {split}/ folder (expected {root}/{split}/<class>/<image>)")
+        classes[split] = sorted(e.name for e in os.scandir(d) if e.is_dir())
+        if not classes[split]:
+            loose = any(e.is_file() for e in os.scandir(d))
+            raise UserError(
+                f"{d} has no class folders"
+                + (" (ImageNet's val/ ships flat: sort it into class folders, e.g. with valprep.sh)" if loose else "")
+            )
+    if "train" in classes and classes["train"] != classes["val"]:
+        diff = sorted(set(classes["train"]) ^ set(classes["val"]))
+        raise UserError(
+            f"{root}/train has {len(classes['train'])} classes but val has {len(classes['val'])} "
+            f"(they must match; first difference: {diff[0]})"
+        )
+
+
+def weights_file(args: argparse.Namespace):
+    """The torchvision weights --pretrained asks for and their path in the torch hub cache."""
+    from torchvision.models import get_model_weights
+
+    enum = get_model_weights(args.arch)
+    name = args.weights or ("IMAGENET1K_V1" if "IMAGENET1K_V1" in enum.__members__ else "DEFAULT")
+    if name not in enum.__members__:
+        raise UserError(f"--weights {name}: {args.arch} has {', '.join(enum.__members__)}")
+    w = enum[name]
+    return w, Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(w.url)
+
+
+def fetch_weights(args: argparse.Namespace) -> str | None:
+    """Download --pretrained weights into the cache if missing; returns an error text instead of hanging."""
+    w, path = weights_file(args)
+    if path.is_file():
+        return None
+    hash_prefix = torch.hub.HASH_REGEX.search(path.name)
+    old = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(30)  # an offline node fails in seconds, not after minutes of retries
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.hub.download_url_to_file(w.url, str(path), hash_prefix and hash_prefix.group(1), progress=False)
+        return None
+    except (OSError, RuntimeError) as e:
+        return (
+            f"--pretrained: cannot download {w.url} ({str(e).splitlines()[0][:120]}); offline? download it "
+            f"where there is network and copy it to {path} (TORCH_HOME sets the cache)"
+        )
+    finally:
+        socket.setdefaulttimeout(old)
+
+
+# ------------------------------------------------------------------ data
+
+
+def load_image_folders(args: argparse.Namespace, tf_train, tf_val):
+    """(train or None, val) ImageFolders whose unreadable files come back as (None, message)."""
+    from torchvision import datasets
+
+    class CheckedImageFolder(datasets.ImageFolder):
+        def __getitem__(self, i):
+            path, target = self.samples[i]
+            try:
+                return self.transform(self.loader(path)), target
+            except (OSError, ValueError, SyntaxError) as e:  # PIL: unidentified, truncated, broken stream
+                return None, f"{path} ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+
+    def folder(split, tf):
+        try:
+            return CheckedImageFolder(str(Path(args.data) / split), transform=tf)
+        except (FileNotFoundError, OSError) as e:
+            raise UserError(f"bad ImageFolder {Path(args.data) / split}: {str(e).splitlines()[0][:200]}") from None
+
+    # Issue 7 (--gpu-decode) hooks in here: read JPEG bytes and decode with torchvision.io.decode_jpeg on the GPU.
+    return (None if args.evaluate else folder("train", tf_train)), folder("val", tf_val)
+
+
+def collate(batch):
+    """default_collate of the readable samples, plus the messages of the unreadable ones."""
+    good = [s for s in batch if s[0] is not None]
+    x, y = torch.utils.data.default_collate(good) if good else (None, None)
+    return x, y, [msg for img, msg in batch if img is None]
+
+
+# ------------------------------------------------------------------ model
+
+
+def build_model(arch: str, num_classes: int, weights=None) -> nn.Module:
+    import torchvision
+
+    kw = {"aux_logits": False} if arch in ("googlenet", "inception_v3") else {}  # one output like every other model
+    return torchvision.models.get_model(arch, weights=weights, num_classes=num_classes, **kw)
+
+
+@torch.no_grad()
+def evaluate(model, batches, device, dtype) -> dict[str, float]:
+    """Exact metrics: every val image counted once over all ranks (sums are all-reduced)."""
+    model.eval()
+    sums = torch.zeros(5, device=device, dtype=torch.float64)  # loss, correct1, correct5, count, skipped
+    for x, y, n_bad in batches:
+        sums[4] += n_bad
+        if x is None:
+            continue
+        with autocast(device, dtype):
+            logits = model(x).float()
+        topk = logits.topk(min(5, logits.shape[1]), dim=1).indices
+        sums[:4] += torch.stack(
+            [
+                F.cross_entropy(logits.double(), y, reduction="sum"),
+                (topk[:, 0] == y).sum().double(),
+                (topk == y[:, None]).any(dim=1).sum().double(),
+                torch.tensor(float(y.numel()), device=device, dtype=torch.float64),
+            ]
+        )
+    loss, c1, c5, n, bad = all_reduce_sum(sums).tolist()
+    model.train()
+    m = {"loss": loss / max(n, 1), "acc1": 100 * c1 / max(n, 1), "acc5": 100 * c5 / max(n, 1), "count": int(n)}
+    return {**m, "skipped": int(bad)} if bad else m
+
+
+# ------------------------------------------------------------------ main
+
+
+def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
+    # [DDP 1] init the process group (torchrun, Slurm, MPI, --dist-url, mp.spawn or none) and pick the device.
+    launch = launch or detect_launcher(None, args.dist_url, args.world_size, args.rank, args.local_rank)
+    if args.gpu is not None and launch.launcher != "mp.spawn":
+        if launch.launcher not in ("single", "dist-url"):
+            raise UserError(f"--gpu picks one process's GPU; under {launch.launcher} each rank uses its local rank")
+        launch = dataclasses.replace(launch, local_rank=args.gpu)
+    info = setup_distributed(args, launch=launch)
+    device = info.device
+    seed_everything(args.seed, info.rank)
+    out = prepare_output_dir(args.output_dir)
+    dtype = amp_dtype(args.amp, device)
+    channels_last = args.channels_last if args.channels_last is not None else device.type == "cuda"
+    torch.backends.cudnn.benchmark = True  # fixed input sizes: let cuDNN pick the fastest kernels once
+    global_batch = args.batch_size * info.world_size * args.accum_steps
+    skipped = {"train": 0}
+
+    # ---- data
+    import torchvision.transforms as T
+
+    normalize = [T.PILToTensor(), T.ConvertImageDtype(torch.float), T.Normalize(MEAN, STD)]
+    tf_train = T.Compose([T.RandomResizedCrop(args.train_crop_size), T.RandomHorizontalFlip(), *normalize])
+    tf_val = T.Compose([T.Resize(args.val_resize_size), T.CenterCrop(args.val_crop_size), *normalize])
+    if args.synthetic:
+        num_classes, (n_train, n_val) = 1000, args.dummy_sizes
+    else:
+        train_ds, val_ds = load_image_folders(args, tf_train, tf_val)
+        num_classes, n_train, n_val = len(val_ds.classes), len(train_ds or ()), len(val_ds)
+    if args.pretrained and num_classes != 1000:
+        raise UserError(f"--pretrained loads 1000-class ImageNet heads, but {args.data} has {num_classes} classes")
+    loader_kw = dict(
+        num_workers=args.workers,
+        pin_memory=device.type == "cuda",
+        worker_init_fn=seed_worker,
+        persistent_workers=args.workers > 0,
+        prefetch_factor=2 if args.workers > 0 else None,  # batches in flight per worker
+        generator=loader_generator(args.seed, info.rank),
+        collate_fn=collate,
+    )
+    if not args.evaluate:
+        # [DDP 2] every rank reads a different shard; the order of epoch e depends only on (seed, e).
+        if n_train < global_batch:
+            raise UserError(f"global batch {global_batch} is larger than the {n_train} training images")
+        sampler = ResumableDistributedSampler(n_train, info.rank, info.world_size, args.seed)
+        steps_per_epoch = len(sampler) // args.batch_size // args.accum_steps
+        if not args.synthetic:
+            train_loader = torch.utils.data.DataLoader(
+                SeededDataset(train_ds, args.seed), args.batch_size, sampler=sampler, drop_last=True, **loader_kw
+            )
+    if not args.synthetic:
+        val_sampler = ExactEvalSampler(n_val, info.rank, info.world_size)
+        val_loader = torch.utils.data.DataLoader(val_ds, args.batch_size, sampler=val_sampler, **loader_kw)
+    gen = torch.Generator(device)
+
+    def check_bad(bad: list[str], split: str) -> None:
+        if bad and not args.skip_bad_images:
+            raise UserError(f"unreadable image {bad[0]} (fix or delete it, or pass --skip-bad-images)")
+        for msg in bad:
+            print(f"warning: rank {info.rank} skips unreadable {split} image {msg}", file=sys.stderr, flush=True)
+
+    def train_batches(epoch: int, skip: int):
+        """(index, x, y) device batches of `epoch`, after skipping `skip` micro-batches already done."""
+        n = steps_per_epoch * args.accum_steps
+        if args.synthetic:  # made on the device: no PIL, no DataLoader, no host-to-device copy
+            for i in range(skip, n):
+                gen.manual_seed(mix_seed(args.seed, epoch, info.rank, i))
+                size = (args.batch_size, 3, args.train_crop_size, args.train_crop_size)
+                x = torch.randn(size, device=device, generator=gen)
+                yield i, x, torch.randint(0, num_classes, (args.batch_size,), device=device, generator=gen)
+            return
+        sampler.set_epoch(epoch, skip=skip * args.batch_size)
+        for i, (x, y, bad) in enumerate(train_loader, start=skip):
+            if i >= n:
+                return
+            check_bad(bad, "train")
+            skipped["train"] += len(bad)
+            if x is None:  # every rank must run the same number of backward passes
+                raise UserError(f"a whole batch of unreadable training images, e.g. {bad[0]}")
+            yield i, x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+    def val_batches():
+        if args.synthetic:
+            for j, idx in enumerate(torch.arange(info.rank, n_val, info.world_size).split(args.batch_size)):
+                gen.manual_seed(mix_seed(args.seed, 2**40, j, info.rank))
+                size = (len(idx), 3, args.val_crop_size, args.val_crop_size)
+                yield torch.randn(size, device=device, generator=gen), (idx % num_classes).to(device), 0
+            return
+        for x, y, bad in val_loader:
+            check_bad(bad, "val")
+            if x is not None:
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            yield x, y, len(bad)
+
+    # ---- model
+    weights = None
+    if args.pretrained:
+        failed = torch.zeros(1, device=device)
+        err = fetch_weights(args) if info.local_rank == 0 else None  # one download per node (the cache is local)
+        failed += err is not None
+        if all_reduce_sum(failed).item():  # also the barrier before the other local ranks read the file
+            raise UserError(err or "--pretrained: downloading the weights failed on another node")
+        weights = weights_file(args)[0]
+    model = build_model(args.arch, num_classes, weights).to(device)
+    if args.sync_bn and info.world_size > 1 and device.type == "cuda":
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    model_without_ddp = model  # what we save, evaluate and restore
+    eval_model = torch.compile(model) if args.compile else model
+
+    def log_eval(m: dict, epoch: int, step: int, extra: dict | None = None) -> None:
+        logger.log({"split": "val", "epoch": epoch, "step": step, **m, **(extra or {})})
+        ema_txt = f" | ema acc1 {m['ema_acc1']:.2f}" if "ema_acc1" in m else ""
+        skip_txt = f", {m['skipped']} unreadable skipped" if "skipped" in m else ""
+        print0(
+            f"epoch {epoch} val: loss {m['loss']:.4f} acc1 {m['acc1']:.2f} acc5 {m['acc5']:.2f}{ema_txt} "
+            f"({m['count']} images{skip_txt})"
+        )
+
+    logger = MetricsLogger(out, info, args.wandb)
+    ckpt_path = resolve_resume(args.resume, out)
+    if args.evaluate:  # -e: evaluate a checkpoint (or the pretrained weights) once and stop
+        if ckpt_path is None and not args.pretrained:
+            raise UserError("-e needs weights: --resume CHECKPOINT, --pretrained, or a last.pt in --output-dir")
+        ckpt = load_checkpoint(ckpt_path) if ckpt_path is not None else {"epoch": 0, "step": 0}
+        if ckpt_path is not None:
+            load_model_state(model_without_ddp, ckpt["model"], ckpt_path)
+        m = evaluate(eval_model, val_batches(), device, dtype)
+        log_eval(m, ckpt["epoch"], ckpt["step"], {"checkpoint": str(ckpt_path or weights)})
+        return
+
+    # [DDP 3] wrap the model: gradients are averaged across ranks during backward.
+    if info.world_size > 1:
+        model = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True
+        )
+    train_model = torch.compile(model) if args.compile else model
+    ema = None
+    if args.ema_decay > 0:  # identical on every rank (same weights after each step), so no communication
+        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+        ema = AveragedModel(model_without_ddp, multi_avg_fn=get_ema_multi_avg_fn(args.ema_decay), use_buffers=True)
+    mix = None
+    if args.mixup_alpha > 0 or args.cutmix_alpha > 0:  # on the device batch; soft targets go to the loss
+        from torchvision.transforms import v2
+
+        ops = [v2.MixUp(alpha=args.mixup_alpha, num_classes=num_classes)] if args.mixup_alpha > 0 else []
+        ops += [v2.CutMix(alpha=args.cutmix_alpha, num_classes=num_classes)] if args.cutmix_alpha > 0 else []
+        mix = ops[0] if len(ops) == 1 else v2.RandomChoice(ops)
+
+    # ---- optimizer and LR schedule (a pure function of the step)
+    lr = args.lr * global_batch / 256
+    optimizer = torch.optim.SGD(
+        param_groups(model_without_ddp, args.weight_decay, skip_norm_bias=not args.norm_bias_decay),
+        lr=lr,
+        momentum=args.momentum,
+    )
+    total_steps = args.epochs * steps_per_epoch
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, make_lr_fn(args, steps_per_epoch))
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
+
+    # ---- resume (same command restarted by torchrun/Slurm continues where it stopped)
+    epoch, step, batch_in_epoch, best, wandb_id = args.start_epoch, 0, 0, 0.0, None
+    if ckpt_path is not None:
+        ckpt = load_checkpoint(ckpt_path)
+        load_model_state(model_without_ddp, ckpt["model"], ckpt_path)
+        try:
+            optimizer.load_state_dict(ckpt["optimizer"])
+            scheduler.load_state_dict(ckpt["scheduler"])
+            scaler.load_state_dict(ckpt["scaler"])
+            if ema is not None and "model_ema" in ckpt:
+                ema.load_state_dict(ckpt["model_ema"])
+        except (KeyError, ValueError, RuntimeError) as e:
+            raise UserError(f"checkpoint {ckpt_path} has no usable optimizer state ({str(e)[:200]})") from None
+        epoch, step, batch_in_epoch, best = ckpt["epoch"], ckpt["step"], ckpt["batch_in_epoch"], ckpt["best_metric"]
+        wandb_id = ckpt.get("wandb_id")
+        print0(f"resumed from {ckpt_path}: epoch {epoch}, step {step}, batch {batch_in_epoch} of the epoch")
+        if ckpt.get("world_size") not in (None, info.world_size):
+            print0(
+                f"note: checkpoint was written with world size {ckpt['world_size']}, now {info.world_size}; "
+                "the data order from here on differs from an uninterrupted run"
+            )
+    elif epoch > 0:  # main.py's --start-epoch: the schedule continues from that epoch
+        step = epoch * steps_per_epoch
+        scheduler.last_epoch = step - 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "scheduler.step() before optimizer.step()" is intended here
+            scheduler.step()
+
+    def save(name: str, keep_last: int = 0) -> None:
+        if info.is_main:  # [DDP 4] only global rank 0 writes (not every node's local rank 0), atomically
+            state = {
+                "model": model_without_ddp.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "scaler": scaler.state_dict(),
+                "epoch": epoch,
+                "step": step,
+                "batch_in_epoch": batch_in_epoch,
+                "best_metric": best,
+                "args": vars(args),
+                "world_size": info.world_size,
+                "wandb_id": wandb_id,
+                "arch": args.arch,
+                "num_classes": num_classes,
+            }
+            save_checkpoint({**state, **({"model_ema": ema.state_dict()} if ema else {})}, out / name, keep_last)
+
+    config = logger.write_config(
+        args, {"global_batch": global_batch, "peak_lr": lr, "steps_per_epoch": steps_per_epoch}
+    )
+    wandb_id = logger.start_wandb("imagenet", config, wandb_id)
+    print0(
+        f"{args.arch} ({args.recipe} recipe) on {n_train} images, {num_classes} classes | {info.world_size} "
+        f"process(es) on {device.type} ({info.launcher}) | global batch {global_batch} = {args.batch_size} x "
+        f"{info.world_size} x {args.accum_steps} | peak lr {lr:.4g}"
+    )
+    max_steps = min(total_steps, args.max_steps or total_steps)
+    progress = Progress(info, max_steps, step)
+    stop = StopSignal()
+
+    # ---- training loop
+    stopped, n_skipped = False, 0
+    loss_sum, loss_n, t0, step0 = torch.zeros((), device=device), 0, time.time(), step
+    while epoch < args.epochs and step < max_steps and not stopped:
+        train_model.train()
+        micro = 0
+        for i, x, y in train_batches(epoch, batch_in_epoch):
+            micro += 1
+            sync = micro % args.accum_steps == 0
+            if mix is not None:  # seeded per micro-batch: identical after a resume
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(mix_seed(args.seed, epoch, info.rank, i, 1))
+                    x, y = mix(x, y)
+            if micro == 1:  # dropout/stochastic depth: global RNG as a function of (seed, rank, step)
+                torch.manual_seed(mix_seed(args.seed, info.rank, step))
+            with model.no_sync() if (not sync and info.world_size > 1) else contextlib.nullcontext():
+                with autocast(device, dtype):
+                    loss = criterion(
+                        train_model(x.contiguous(memory_format=torch.channels_last) if channels_last else x), y
+                    )
+                scaler.scale(loss / args.accum_steps).backward()
+            loss_sum += loss.detach()
+            if not sync:
+                continue
+            micro = 0
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            if ema is not None:
+                ema.update_parameters(model_without_ddp)
+            step += 1
+            batch_in_epoch += args.accum_steps
+            loss_n += args.accum_steps
+            if step % args.print_freq == 0 or step == max_steps:
+                stats = loss_sum.new_tensor([loss_sum.item(), skipped["train"]])  # the one host sync
+                loss_tot, n_skipped = all_reduce_sum(stats).tolist()
+                loss_avg, n_skipped = loss_tot / (loss_n * info.world_size), int(n_skipped)
+                dt = time.time() - t0
+                ips = (step - step0) * global_batch / dt
+                rec = {"split": "train", "epoch": epoch, "step": step, "loss": loss_avg}
+                rec.update(lr=scheduler.get_last_lr()[0], img_per_s=ips)
+                logger.log({**rec, **({"skipped_images": n_skipped} if args.skip_bad_images else {})})
+                progress.update(
+                    step, f"epoch {epoch} loss {loss_avg:.4f} lr {scheduler.get_last_lr()[0]:.4g} {ips:.0f} img/s"
+                )
+                loss_sum.zero_()
+                loss_n, t0, step0 = 0, time.time(), step
+            if args.save_every_steps and step % args.save_every_steps == 0:
+                save("last.pt", args.keep_last)
+            stopped = stop.should_stop()
+            if step >= max_steps or stopped:
+                break
+        epoch_done = batch_in_epoch >= steps_per_epoch * args.accum_steps
+        if epoch_done:
+            epoch, batch_in_epoch = epoch + 1, 0
+        if (epoch_done and (epoch % args.eval_every == 0 or epoch == args.epochs)) or (
+            step >= max_steps and not stopped
+        ):
+            m = evaluate(eval_model, val_batches(), device, dtype)
+            if ema is not None:
+                m_ema = evaluate(ema.module, val_batches(), device, dtype)
+                m.update({f"ema_{k}": m_ema[k] for k in ("loss", "acc1", "acc5")})
+            log_eval(m, epoch, step)
+            if m["acc1"] > best:
+                best = m["acc1"]
+                save("best.pt")
+            t0, step0 = time.time(), step  # keep eval time out of the throughput
+        save("last.pt")
+    stop.close()
+    progress.close()
+    if n_skipped:
+        print0(f"skipped {n_skipped} unreadable training images (listed above as warnings)")
+    if stopped:
+        print0(
+            f"stopped by {stop.received or 'a signal on another rank'} at step {step}; checkpoint saved, "
+            f"rerun the same command to continue (exit {PREEMPTED_EXIT_CODE})"
+        )
+        logger.close()
+        sys.exit(PREEMPTED_EXIT_CODE)
+    print0(f"done: step {step}, best val acc1 {best:.2f}")
+    logger.close()
+
+
+# ------------------------------------------------------------------ pytorch/examples launch mode
+
+
+def worker(local_rank: int, args, nprocs: int, node_rank: int, world: int, dist_url: str, errors) -> None:
+    """One spawned process: global rank = node rank x processes per node + local rank, as in main.py."""
+    if not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // nprocs))  # CPU ranks share the cores
+    try:
+        main(args, LaunchEnv("mp.spawn", node_rank * nprocs + local_rank, local_rank, world, dist_url))
+    except UserError as e:
+        errors.put(str(e))  # the parent prints each distinct error once
+        sys.exit(2)
+    finally:
+        cleanup_distributed()
+
+
+def spawn_workers(args: argparse.Namespace) -> None:
+    """main.py's --multiprocessing-distributed: start one process per GPU (or --nproc-per-node on CPU)."""
+    import logging
+
+    import torch.multiprocessing as mp
+
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        raise UserError("--multiprocessing-distributed starts its own processes: drop it under torchrun")
+    if args.dist_url == "env://":  # main.py reads the node count and node rank from the environment
+        args.world_size = args.world_size if args.world_size > 0 else int(os.environ.get("WORLD_SIZE", 1))
+        args.rank = args.rank if args.rank >= 0 else int(os.environ.get("RANK", 0))
+    nodes, node_rank = max(args.world_size, 1), max(args.rank, 0)
+    nprocs = args.nproc_per_node or torch.cuda.device_count() or 1
+    if nodes > 1 and (args.rank < 0 or not args.dist_url):
+        raise UserError("several nodes need --dist-url tcp://NODE0_ADDR:PORT and --rank NODE_RANK on every node")
+    if node_rank >= nodes:
+        raise UserError(f"--rank {args.rank} is a node rank and must be below --world-size {nodes} (nodes)")
+    if not args.dist_url:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            args.dist_url = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    if args.pretrained and (err := fetch_weights(args)):  # once per node, before the workers need it
+        raise UserError(err)
+    errors = mp.get_context("spawn").SimpleQueue()
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)  # no "Terminating process" noise
+    ctx = mp.spawn(
+        worker, args=(args, nprocs, node_rank, nodes * nprocs, args.dist_url, errors), nprocs=nprocs, join=False
+    )
+
+    def forward(signum, frame):  # preemption: every worker checkpoints at its next step and exits 75
+        for proc in ctx.processes:
+            if proc.is_alive():
+                os.kill(proc.pid, signum)
+
+    for sig in (signal.SIGTERM, signal.SIGUSR2):
+        signal.signal(sig, forward)
+    try:
+        while not ctx.join():
+            pass
+    except mp.ProcessException as e:
+        msgs = []
+        while not errors.empty():
+            msgs.append(errors.get())
+        if msgs:
+            raise UserError("\nerror: ".join(dict.fromkeys(msgs))) from None
+        if isinstance(e, mp.ProcessRaisedException):
+            raise  # a bug: shows the worker's traceback
+        sys.exit(e.exit_code if e.exit_code > 0 else 1)  # e.g. 75 after a preemption, or a killed worker
+
+
+def cli() -> None:
+    args = apply_recipe(get_args_parser().parse_args())
+    check_args(args)
+    if args.multiprocessing_distributed:
+        return spawn_workers(args)
+    try:
+        main(args)
+    finally:
+        cleanup_distributed()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # fail instead of hanging on a dead rank
+    run_cli(cli)

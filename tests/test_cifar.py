@@ -1,0 +1,126 @@
+"""cifar_resnet/train.py end to end under torchrun, in every data format, and exact resume."""
+
+import json
+
+import pytest
+import torch
+
+from tests.conftest import PY, make_cifar_pickles, run, torchrun
+
+TINY = ["-b", "4", "--print-freq", "1", "--seed", "3"]
+
+
+def records(out):
+    return [json.loads(line) for line in open(out / "metrics.jsonl")]
+
+
+def check_run(out, world_size, steps):
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["world_size"] == world_size and cfg["launcher"] in ("torchrun", "single")
+    assert cfg["global_batch"] == 4 * world_size
+    ckpt = torch.load(out / "last.pt", weights_only=True)
+    assert ckpt["step"] == steps and not any(k.startswith(("module.", "_orig_mod.")) for k in ckpt["model"])
+    recs = records(out)
+    train = [r for r in recs if r["split"] == "train"]
+    assert [r["step"] for r in train] == list(range(1, steps + 1))
+    assert all(r["img_per_s"] > 0 and r["loss"] > 0 for r in train)
+    assert any(r["split"] in ("val", "test") and r["count"] > 0 for r in recs)
+    return recs
+
+
+def test_synthetic_two_processes(tmp_path):
+    torchrun(2, "cifar_resnet/train.py", "--synthetic", "--max-steps", "3", "-j", "0", "--output-dir", tmp_path, *TINY)
+    recs = check_run(tmp_path, 2, 3)
+    assert [r["count"] for r in recs if r["split"] == "val"] == [1000]
+
+
+def test_torchvision_pickle_format(tmp_path):
+    data = make_cifar_pickles(tmp_path / "data", n_train=50, n_test=21)
+    out = tmp_path / "out"
+    torchrun(2, "cifar_resnet/train.py", "--data-dir", data, "--epochs", "1", "-j", "1", "--output-dir", out, *TINY)
+    recs = check_run(out, 2, 6)  # 50 images / 2 ranks / batch 4 = 6 steps
+    assert [r["count"] for r in recs if r["split"] == "test"] == [21]
+
+
+def test_jpeg_imagefolder_with_val_split(tmp_path, tiny_imagefolder):
+    out = tmp_path / "out"
+    run(
+        [
+            PY,
+            "cifar_resnet/train.py",
+            "--data-dir",
+            tiny_imagefolder,
+            "--val-split",
+            "9",
+            "--max-steps",
+            "2",
+            "-j",
+            "0",
+            "--output-dir",
+            out,
+            *TINY,
+        ]
+    )
+    recs = check_run(out, 1, 2)
+    assert [r["count"] for r in recs if r["split"] == "val"] == [9]
+
+
+@pytest.mark.parametrize("data_path", ["loader", "gpu-data"])
+def test_resume_mid_epoch_is_bit_identical(tmp_path, tiny_imagefolder, data_path):
+    """Uninterrupted 2 epochs == stop at step 3 (mid-epoch 1) + the same command again."""
+    extra = ["-j", "1"] if data_path == "loader" else ["--gpu-data", "-j", "0"]
+    cmd = ["cifar_resnet/train.py", "--data-dir", tiny_imagefolder, "--epochs", "2", *extra, *TINY]
+    torchrun(2, *cmd, "--output-dir", tmp_path / "a")  # 40 images / 2 ranks / 4 = 5 steps per epoch
+    torchrun(2, *cmd, "--output-dir", tmp_path / "b", "--max-steps", "3")
+    mid = torch.load(tmp_path / "b/last.pt", weights_only=True)
+    assert mid["batch_in_epoch"] == 3 and mid["epoch"] == 0
+    p = torchrun(2, *cmd, "--output-dir", tmp_path / "b")
+    assert "resumed from" in p.stdout and "step 3, batch 3" in p.stdout
+    a, b = (torch.load(tmp_path / f"{x}/last.pt", weights_only=True) for x in "ab")
+    assert a["step"] == b["step"] == 10
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
+    for k, v in a["optimizer"]["state"].items():
+        assert torch.equal(v["momentum_buffer"], b["optimizer"]["state"][k]["momentum_buffer"])
+    assert not torch.equal(mid["model"]["fc.weight"], a["model"]["fc.weight"])  # not vacuous: it trained on
+    losses_a = [r["loss"] for r in records(tmp_path / "a") if r["split"] == "train"]
+    losses_b = [r["loss"] for r in records(tmp_path / "b") if r["split"] == "train"]
+    assert losses_a == losses_b
+
+
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["--data-dir", "/nonexistent"], "error: no CIFAR-10 at /nonexistent"),
+        (["--synthetic", "--arch", "resnet7"], "error: unknown --arch 'resnet7'"),
+        (["--synthetic", "--batch-size", "0"], "error: --batch-size and --accum-steps must be positive"),
+        (["--synthetic", "--output-dir", "/proc/forbidden"], "error: output dir /proc/forbidden is not writable"),
+    ],
+)
+def test_bad_input_is_one_line(tmp_path, args, msg):
+    full = ["--output-dir", str(tmp_path / "o"), "-j", "0", "--max-steps", "1", *args]
+    p = run([PY, "cifar_resnet/train.py", *full], check=False)
+    assert p.returncode == 2 and p.stderr.strip() == p.stderr.strip().splitlines()[0], p.stderr
+    assert p.stderr.startswith(msg), p.stderr
+
+
+def test_checkpoint_from_other_arch_is_refused(tmp_path):
+    run([PY, "cifar_resnet/train.py", "--synthetic", "--max-steps", "1", "-j", "0", "--output-dir", tmp_path, *TINY])
+    p = run(
+        [
+            PY,
+            "cifar_resnet/train.py",
+            "--synthetic",
+            "--max-steps",
+            "2",
+            "-j",
+            "0",
+            "--output-dir",
+            tmp_path,
+            "--arch",
+            "resnet34",
+            *TINY,
+        ],
+        check=False,
+    )
+    assert p.returncode == 2 and "does not fit this model" in p.stderr and "Traceback" not in p.stderr

@@ -1,0 +1,165 @@
+"""Launcher detection from fabricated environments, and one-line errors for rendezvous problems."""
+
+import socket
+
+import pytest
+
+from common.distributed import detect_launcher, first_host
+from common.errors import UserError
+from tests.conftest import PY, free_port, run
+
+
+def test_torchrun_env_wins_even_inside_slurm_and_mpi():
+    env = {
+        "RANK": "3",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "TORCHELASTIC_RUN_ID": "x",
+        "SLURM_PROCID": "0",
+        "SLURM_STEP_NUM_TASKS": "2",
+        "PMI_RANK": "0",
+        "PMI_SIZE": "2",
+    }
+    L = detect_launcher(env)
+    assert (L.launcher, L.rank, L.local_rank, L.world_size, L.init_method) == ("torchrun", 3, 1, 8, "env://")
+
+
+def test_legacy_launch_local_rank_from_argument():
+    L = detect_launcher({"RANK": "1", "WORLD_SIZE": "2"}, local_rank=1)
+    assert (L.launcher, L.rank, L.local_rank) == ("env", 1, 1)
+
+
+def test_accelerate_detected():
+    L = detect_launcher(
+        {
+            "RANK": "0",
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": "0",
+            "TORCHELASTIC_RUN_ID": "n",
+            "ACCELERATE_MIXED_PRECISION": "no",
+        }
+    )
+    assert L.launcher == "accelerate"
+
+
+def test_slurm_tasks_with_port_from_job_id():
+    env = {
+        "SLURM_PROCID": "5",
+        "SLURM_LOCALID": "1",
+        "SLURM_STEP_NUM_TASKS": "8",
+        "SLURM_NTASKS": "8",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NODELIST": "gpu[07-08]",
+        "PATH": "/nonexistent",
+    }
+    L = detect_launcher(env)
+    assert (L.launcher, L.rank, L.local_rank, L.world_size) == ("slurm", 5, 1, 8)
+    assert L.init_method == f"tcp://gpu07:{15000 + 4242 % 20000}"
+    L = detect_launcher({**env, "MASTER_PORT": "1234", "MASTER_ADDR": "head"})
+    assert L.init_method == "tcp://head:1234"
+
+
+def test_slurm_batch_script_without_srun_is_single_process():
+    # `python train.py` inside an sbatch script: SLURM_NTASKS=4 but no srun step -> must not wait for 3 peers
+    L = detect_launcher({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "1"})
+    assert L.launcher == "single" and L.world_size == 1
+
+
+@pytest.mark.parametrize(
+    "env,expect",
+    [
+        ({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "MASTER_ADDR": "n0"}, (1, 1, 2, "tcp://n0:29500")),
+        (
+            {
+                "OMPI_COMM_WORLD_RANK": "2",
+                "OMPI_COMM_WORLD_SIZE": "4",
+                "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+                "MASTER_PORT": "2000",
+            },
+            (2, 0, 4, "tcp://127.0.0.1:2000"),
+        ),
+        (
+            {"MV2_COMM_WORLD_RANK": "3", "MV2_COMM_WORLD_SIZE": "4", "MV2_COMM_WORLD_LOCAL_RANK": "1"},
+            (3, 1, 4, "tcp://127.0.0.1:29500"),
+        ),
+    ],
+)
+def test_mpi_flavours(env, expect):
+    L = detect_launcher(env)
+    assert L.launcher == "mpi" and (L.rank, L.local_rank, L.world_size, L.init_method) == expect
+
+
+def test_dist_url_and_single():
+    L = detect_launcher({}, dist_url="tcp://h:1", world_size=2, rank=1)
+    assert (L.launcher, L.rank, L.world_size, L.init_method) == ("dist-url", 1, 2, "tcp://h:1")
+    with pytest.raises(UserError):
+        detect_launcher({}, dist_url="tcp://h:1", world_size=2)
+    assert detect_launcher({}).launcher == "single"
+
+
+def test_first_host_of_nodelist():
+    assert first_host("gpu[07-09,12],cpu1") == "gpu07"
+    assert first_host("a1,a2") == "a1"
+    assert first_host("solo") == "solo"
+
+
+def test_port_in_use_is_one_line_error(tmp_path):
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        p = run(
+            [
+                PY,
+                "cifar_resnet/train.py",
+                "--synthetic",
+                "--max-steps",
+                "1",
+                "-j",
+                "0",
+                "--output-dir",
+                tmp_path,
+                "--dist-url",
+                f"tcp://127.0.0.1:{port}",
+                "--world-size",
+                "2",
+                "--rank",
+                "0",
+                "--dist-timeout",
+                "20",
+            ],
+            check=False,
+            timeout=120,
+        )
+    assert p.returncode == 2
+    assert p.stderr.strip().startswith("error: port already in use"), p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_unreachable_master_fails_within_timeout(tmp_path):
+    port = free_port()  # nobody listens there: rank 1 must give up after --dist-timeout
+    p = run(
+        [
+            PY,
+            "cifar_resnet/train.py",
+            "--synthetic",
+            "--max-steps",
+            "1",
+            "-j",
+            "0",
+            "--output-dir",
+            tmp_path,
+            "--dist-url",
+            f"tcp://127.0.0.1:{port}",
+            "--world-size",
+            "2",
+            "--rank",
+            "1",
+            "--dist-timeout",
+            "5",
+        ],
+        check=False,
+        timeout=90,
+    )
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith("error: rendezvous with") and "Traceback" not in p.stderr, p.stderr

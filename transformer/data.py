@@ -1,0 +1,378 @@
+"""Parallel text in, padded token-id batches out.
+
+    load_corpus      --data NAME|DIR or --synthetic -> {"train": (src, tgt), "val": ..., ["test": ...]}
+    train_tokenizer  joint BPE (or WordLevel) over the training split, as a `tokenizers` Tokenizer
+    TokenBudgetBatchSampler  length-bucketed batches of at most --max-tokens padded tokens per process,
+                     the same number of batches on every rank, every pair once per epoch, resumable
+    collate          pad a list of (src_ids, tgt_ids) into (src, tgt_in, tgt_out) tensors
+
+Token ids 0-3 are the special tokens of every tokenizer made here: <pad> <unk> <s> </s>.
+A source is `ids + </s>`; the decoder reads `<s> + ids` and predicts `ids + </s>`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset, Sampler
+
+from common.distributed import DistInfo, broadcast_object, mix_seed, print0
+from common.errors import UserError
+
+SPECIALS = ["<pad>", "<unk>", "<s>", "</s>"]
+PAD, UNK, BOS, EOS = range(4)
+VAL_NAMES = ("val", "valid", "validation", "dev")  # all mean "val" here
+Splits = dict[str, tuple[list[str], list[str]]]  # split -> (source sentences, target sentences)
+
+
+# ------------------------------------------------------------------ corpus sources
+
+
+def load_corpus(args, info: DistInfo) -> Splits:
+    """Read the parallel corpus named by --data (or make the synthetic one); always has train and val."""
+    if args.synthetic:
+        splits = synthetic_corpus(args.seed)
+    else:
+        path = Path(args.data).expanduser()
+        if path.is_dir() and any((path / f).is_file() for f in ("dataset_dict.json", "state.json")):
+            splits = read_saved_dataset(path, args.lang_src, args.lang_tgt)
+        elif path.is_dir():
+            splits = read_text_dir(path, args.lang_src, args.lang_tgt)
+        elif path.exists() or args.data.startswith(("/", ".", "~")) or args.data.count("/") > 1:
+            raise UserError(
+                f"--data {args.data}: no such directory (expected a dir with train.{args.lang_src}[.gz] and "
+                f"train.{args.lang_tgt}[.gz], a save_to_disk dir, or a Hugging Face dataset name)"
+            )
+        else:
+            splits = read_hub_dataset(args, info)
+    splits = {("val" if k in VAL_NAMES else k): v for k, v in splits.items()}
+    if "train" not in splits or not splits["train"][0]:
+        raise UserError(f"--data {args.data} has no training pairs")
+    if "val" not in splits:  # seeded hold-out: identical on every rank and rerun, never trained on
+        src, tgt = splits["train"]
+        n_val = args.val_split or max(1, min(3000, len(src) // 10))
+        if n_val >= len(src):
+            raise UserError(f"--val-split {n_val} leaves no training pairs (train has {len(src)})")
+        perm = torch.randperm(len(src), generator=torch.Generator().manual_seed(mix_seed(args.seed, 12345))).tolist()
+        splits["val"] = ([src[i] for i in perm[:n_val]], [tgt[i] for i in perm[:n_val]])
+        splits["train"] = ([src[i] for i in perm[n_val:]], [tgt[i] for i in perm[n_val:]])
+        print0(f"no validation split: held out {n_val} training pairs (seeded)")
+    return splits
+
+
+def synthetic_corpus(seed: int, sizes: tuple[int, int, int] = (20000, 500, 500)) -> Splits:
+    """A made-up language pair: each word maps to a fixed target word, and word order is reversed.
+
+    Deterministic in `seed`, no disk or network. Learnable by a tiny model in a minute on a CPU,
+    and reversal needs real attention (not just a per-position lookup).
+    """
+    syll_src = ["ka", "lo", "mi", "ne", "su", "ta", "ro", "vi"]
+    syll_tgt = ["ba", "de", "fo", "gu", "hi", "jo", "pe", "zu"]
+    src_words = [a + b for a in syll_src for b in syll_src][:40]
+    tgt_words = [a + b for a in syll_tgt for b in reversed(syll_tgt)][:40]
+    splits = {}
+    for k, (name, n) in enumerate(zip(("train", "val", "test"), sizes)):
+        g = torch.Generator().manual_seed(mix_seed(seed, k))
+        lengths = torch.randint(3, 11, (n,), generator=g).tolist()
+        src, tgt = [], []
+        for length in lengths:
+            words = torch.randint(0, len(src_words), (length,), generator=g).tolist()
+            src.append(" ".join(src_words[w] for w in words))
+            tgt.append(" ".join(tgt_words[w] for w in reversed(words)))
+        splits[name] = (src, tgt)
+    return splits
+
+
+def read_lines(path: Path) -> list[str]:
+    """Lines of a UTF-8 text file, plain or .gz; only '\\n' ends a line, so odd Unicode breaks stay inside."""
+    try:
+        raw = gzip.open(path, "rb").read() if path.suffix == ".gz" else path.read_bytes()
+        text = raw.decode("utf-8")
+    except (OSError, UnicodeDecodeError, EOFError) as e:
+        raise UserError(f"cannot read {path}: {e}") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
+
+
+def read_text_dir(root: Path, src: str, tgt: str) -> Splits:
+    """Line-aligned `{split}.{lang}` files, optionally gzipped: train.de.gz, train.en.gz, val.de.gz, ..."""
+
+    def find(split: str, lang: str) -> Path | None:
+        return next((p for p in (root / f"{split}.{lang}", root / f"{split}.{lang}.gz") if p.is_file()), None)
+
+    if find("train", src) is None or find("train", tgt) is None:
+        langs = sorted({p.name.split(".")[1] for p in root.glob("train.*") if len(p.name.split(".")) >= 2})
+        raise UserError(
+            f"no train.{src} and train.{tgt} (optionally .gz) in {root} "
+            f"(languages found: {', '.join(langs) or 'none'}; set --lang-src/--lang-tgt)"
+        )
+    splits = {}
+    for split in ("train", *VAL_NAMES, "test"):
+        fs, ft = find(split, src), find(split, tgt)
+        if fs is None or ft is None:
+            continue
+        a, b = read_lines(fs), read_lines(ft)
+        if len(a) != len(b):
+            raise UserError(f"{fs} has {len(a)} lines but {ft} has {len(b)}: not line-aligned")
+        splits[split] = (a, b)
+    return splits
+
+
+def read_hub_dataset(args, info: DistInfo) -> Splits:
+    """`datasets.load_dataset` on rank 0 only; the sentences reach the other ranks by broadcast.
+
+    So only one process ever contacts the Hub, and nodes need no shared cache. Every rank
+    gets the same error, so all fail alike instead of some waiting forever.
+    """
+    result: Splits | str | None = None
+    if info.is_main:
+        try:
+            result = _load_hub(args.data, args.data_config, args.lang_src, args.lang_tgt)
+        except UserError as e:
+            result = str(e)
+    result = broadcast_object(result)
+    if isinstance(result, str):
+        raise UserError(result)
+    return result
+
+
+def _load_hub(name: str, config: str | None, src: str, tgt: str) -> Splits:
+    try:
+        import datasets
+    except ImportError:
+        raise UserError(
+            f"--data {name} looks like a Hugging Face dataset name, which needs `pip install datasets` "
+            "(or use a local directory of {split}.{lang} files)"
+        ) from None
+    offline_hint = (
+        "offline or the Hub is unreachable: use a local directory (--data DIR with train.{src}, train.{tgt}, ...) "
+        "or a dataset already in the cache with HF_DATASETS_OFFLINE=1"
+    ).format(src=src, tgt=tgt)
+    try:
+        if config is None:  # opus_books style: one config per language pair, in either order
+            configs = datasets.get_dataset_config_names(name)
+            config = next((c for c in (f"{src}-{tgt}", f"{tgt}-{src}") if c in configs), None)
+            if config is None and len(configs) == 1:
+                config = configs[0]
+            if config is None:
+                shown = ", ".join(configs[:30]) + (" ..." if len(configs) > 30 else "")
+                raise UserError(
+                    f"dataset {name} has no {src}-{tgt} language pair (configs: {shown}; "
+                    "set --lang-src/--lang-tgt or --data-config)"
+                )
+        dd = datasets.load_dataset(name, config)
+    except UserError:
+        raise
+    except ConnectionError as e:
+        raise UserError(f"cannot load dataset {name!r}: {str(e).splitlines()[0][:160]} ({offline_hint})") from None
+    except Exception as e:  # DatasetNotFoundError, bad config, ... : one line, never a traceback
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise UserError(
+            f"cannot load dataset {name!r} config {config!r}: {first} (not a local directory either)"
+        ) from None
+    return {split: _pairs_from_columns(ds, src, tgt, f"{name}[{split}]") for split, ds in dd.items()}
+
+
+def read_saved_dataset(path: Path, src: str, tgt: str) -> Splits:
+    """A `save_to_disk` directory: a DatasetDict (its splits) or a single Dataset (train only)."""
+    try:
+        import datasets
+    except ImportError:
+        raise UserError(f"{path} is a `save_to_disk` directory, which needs `pip install datasets`") from None
+    try:
+        obj = datasets.load_from_disk(str(path))
+    except Exception as e:
+        raise UserError(f"cannot read the saved dataset at {path}: {str(e).splitlines()[0][:200]}") from None
+    dd = obj if isinstance(obj, datasets.DatasetDict) else {"train": obj}
+    return {split: _pairs_from_columns(ds, src, tgt, f"{path}[{split}]") for split, ds in dd.items()}
+
+
+def _pairs_from_columns(ds, src: str, tgt: str, where: str) -> tuple[list[str], list[str]]:
+    """A `translation` column of {lang: text} dicts, columns named after the languages, or two text columns."""
+    cols = ds.column_names
+    if "translation" in cols:
+        rows = ds["translation"]
+        langs = sorted(rows[0]) if len(rows) else []
+        if len(rows) and not (src in rows[0] and tgt in rows[0]):
+            raise UserError(f"{where} has languages {', '.join(langs)}, not {src} and {tgt} (set --lang-src/--lang-tgt)")
+        return [r[src] for r in rows], [r[tgt] for r in rows]
+    if src in cols and tgt in cols:
+        return list(ds[src]), list(ds[tgt])
+    text = [c for c in cols if getattr(ds.features[c], "dtype", None) in ("string", "large_string")]
+    if len(text) == 2:
+        print0(f"note: {where}: using column {text[0]!r} as the source and {text[1]!r} as the target")
+        return list(ds[text[0]]), list(ds[text[1]])
+    raise UserError(f"{where} has columns {cols}: need 'translation', '{src}'+'{tgt}', or exactly two text columns")
+
+
+# ------------------------------------------------------------------ tokenizer
+
+
+def train_tokenizer(kind: str, sentences: list[str], vocab_size: int):
+    """A joint source+target tokenizer whose decode gives back the exact text.
+
+    bpe: byte-level BPE, lossless for any Unicode text (no <unk> ever).
+    wordlevel: one id per word or punctuation mark (the tutorial's choice); lossless for known words.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if kind == "bpe":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=SPECIALS,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+    elif kind == "wordlevel":
+        tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
+        # Metaspace keeps the spaces as "▁" on the words, so decoding restores "word, word." exactly.
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation()])
+        tok.decoder = decoders.Metaspace()
+        trainer = trainers.WordLevelTrainer(
+            vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIALS, show_progress=False
+        )
+    else:
+        raise UserError(f"unknown --tokenizer {kind!r} (bpe or wordlevel)")
+    tok.train_from_iterator(sentences, trainer)
+    assert [tok.token_to_id(s) for s in SPECIALS] == [PAD, UNK, BOS, EOS]
+    return tok
+
+
+def encode(tok, sentences: list[str]) -> list[list[int]]:
+    return [e.ids for e in tok.encode_batch(sentences, add_special_tokens=False)]
+
+
+def decode(tok, ids: list[list[int]]) -> list[str]:
+    return tok.decode_batch(ids, skip_special_tokens=True)
+
+
+def tokenizers_done_forking() -> None:
+    """After the parallel encode, let DataLoader workers fork without the tokenizers warning."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+# ------------------------------------------------------------------ batches
+
+
+class ParallelDataset(Dataset):
+    """Pair i as two lists of token ids (no specials yet: `collate` adds them)."""
+
+    def __init__(self, src: list[list[int]], tgt: list[list[int]]):
+        self.src, self.tgt = src, tgt
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def __getitem__(self, i: int) -> tuple[list[int], list[int]]:
+        return self.src[i], self.tgt[i]
+
+
+def pad_batch(seqs: list[list[int]]) -> torch.Tensor:
+    """(B, max len) int64, right-padded with <pad>."""
+    out = torch.full((len(seqs), max(map(len, seqs))), PAD, dtype=torch.long)
+    for row, s in zip(out, seqs):
+        row[: len(s)] = torch.tensor(s, dtype=torch.long)
+    return out
+
+
+def collate(pairs: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> src (B, S) = ids + </s>; tgt_in (B, T) = <s> + ids; tgt_out (B, T) = ids + </s>."""
+    src = pad_batch([s + [EOS] for s, _ in pairs])
+    tgt_in = pad_batch([[BOS] + t for _, t in pairs])
+    tgt_out = pad_batch([t + [EOS] for _, t in pairs])
+    return src, tgt_in, tgt_out
+
+
+def token_batches(order: list[int], lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Cut `order` into consecutive batches whose padded size (count x longest) stays <= max_tokens.
+
+    An example longer than max_tokens gets a batch of its own.
+    """
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    for i in order:
+        m = max(longest, lengths[i])
+        if cur and m * (len(cur) + 1) > max_tokens:
+            batches.append(cur)
+            cur, m = [], lengths[i]
+        cur.append(i)
+        longest = m
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+class TokenBudgetBatchSampler(Sampler):
+    """Length-bucketed token-budget batches for DDP; yields lists of indices (a DataLoader batch_sampler).
+
+    Each epoch, on every rank alike, from (seed, epoch) only:
+      1. shuffle, then stable-sort by (target, source) length: neighbours have similar lengths, and
+         pairs of equal length are in a new random order each epoch;
+      2. cut into batches of at most `max_tokens` padded tokens (the longer of source and target);
+      3. split the largest batches until the count is a multiple of world_size x accum, so every
+         rank does the same number of optimizer steps (no DDP hang) and no pair is dropped or repeated;
+      4. group world_size x accum neighbouring batches into one optimizer step (similar work on every
+         rank) and shuffle the order of the steps. Rank r takes batches r*accum ... r*accum+accum-1.
+    The batch count is the same every epoch (the sorted lengths are). `set_epoch(e, skip=k)` skips
+    this rank's first k batches, to resume mid-epoch.
+    """
+
+    def __init__(
+        self,
+        src_lens: list[int],
+        tgt_lens: list[int],
+        max_tokens: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        accum: int = 1,
+    ):
+        self.src_lens, self.tgt_lens = torch.tensor(src_lens), torch.tensor(tgt_lens)
+        self.lengths = torch.maximum(self.src_lens, self.tgt_lens).tolist()
+        self.max_tokens, self.rank, self.world, self.seed, self.accum = max_tokens, rank, world_size, seed, accum
+        self.group = world_size * accum  # batches per optimizer step, all ranks together
+        if len(src_lens) < self.group:
+            raise ValueError(f"{len(src_lens)} pairs cannot fill {self.group} batches (world size x accum steps)")
+        self.set_epoch(0)
+        self.steps_per_epoch = len(self.steps)
+
+    def plan(self, epoch: int) -> list[list[list[int]]]:
+        """The epoch as a list of optimizer steps, each a list of world_size x accum batches."""
+        g = torch.Generator().manual_seed(mix_seed(self.seed, epoch))
+        perm = torch.randperm(len(self.lengths), generator=g)
+        key = self.tgt_lens * (int(self.src_lens.max()) + 1) + self.src_lens
+        order = perm[torch.argsort(key[perm], stable=True)].tolist()
+        batches = token_batches(order, self.lengths, self.max_tokens)
+        while len(batches) % self.group:
+            j = max(range(len(batches)), key=lambda k: len(batches[k]))  # the most pairs (ties: first)
+            b = batches[j]
+            batches[j : j + 1] = [b[: len(b) // 2], b[len(b) // 2 :]]
+        steps = [batches[k : k + self.group] for k in range(0, len(batches), self.group)]
+        return [steps[k] for k in torch.randperm(len(steps), generator=g).tolist()]
+
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        self.epoch, self.skip = epoch, skip
+        self.steps = self.plan(epoch)
+
+    def step_tokens(self) -> list[int]:
+        """Target tokens (with </s>) of each optimizer step of this epoch, over all ranks: the loss divisor."""
+        return [sum(int(self.tgt_lens[b].sum()) for b in step) for step in self.steps]
+
+    def rank_batches(self) -> list[list[int]]:
+        a = self.accum
+        return [b for step in self.steps for b in step[self.rank * a : (self.rank + 1) * a]]
+
+    def __iter__(self):
+        return iter(self.rank_batches()[self.skip :])
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch * self.accum - self.skip

@@ -1,0 +1,445 @@
+"""Train an encoder-decoder Transformer for translation with DistributedDataParallel.
+
+    python transformer/train.py --synthetic --preset tiny --epochs 2                  # 1 process, no data
+    python transformer/train.py --data /path/to/multi30k --lang-src de --lang-tgt en --preset small
+    torchrun --standalone --nproc_per_node=2 transformer/train.py ...                 # N processes
+    python transformer/translate.py --checkpoint runs/transformer/best.pt "Ein Satz."
+
+Read top to bottom: arguments -> distributed setup -> text -> tokenizer -> token-budget batches
+-> model -> optimizer -> resume -> training loop with periodic evaluation (loss and sacreBLEU over
+the whole validation set) and checkpoints. The DDP recipe is four steps, marked [DDP 1-4].
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # find common/ when run as a script
+from common.checkpoint import load_checkpoint, load_model_state, resolve_resume, save_checkpoint
+from common.data import ExactEvalSampler
+from common.distributed import (
+    add_dist_args,
+    all_reduce_sum,
+    broadcast_object,
+    cleanup_distributed,
+    is_dist,
+    mix_seed,
+    print0,
+    seed_everything,
+    setup_distributed,
+)
+from common.errors import UserError, run_cli
+from common.metrics import MetricsLogger, Progress, prepare_output_dir
+from common.utils import PREEMPTED_EXIT_CODE, StopSignal, amp_dtype, autocast, count_params, param_groups
+from transformer.data import (
+    PAD,
+    ParallelDataset,
+    TokenBudgetBatchSampler,
+    collate,
+    decode,
+    encode,
+    load_corpus,
+    token_batches,
+    tokenizers_done_forking,
+    train_tokenizer,
+)
+from transformer.model import PRESETS, ModelConfig, Transformer, translate_ids
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    g = p.add_argument_group("data")
+    g.add_argument(
+        "--data",
+        default="opus_books",
+        help="Hugging Face dataset name, a dir of line-aligned {split}.{lang}[.gz] files, or a save_to_disk dir",
+    )
+    g.add_argument("--data-config", default=None, help="Hub dataset config (default: {src}-{tgt} or {tgt}-{src})")
+    g.add_argument("--lang-src", default="en")
+    g.add_argument("--lang-tgt", default="it")
+    g.add_argument("--synthetic", action="store_true", help="made-up word-mapping + reversal task: no disk/network")
+    g.add_argument("--val-split", type=int, default=0, help="without a val split, hold out N train pairs (0: auto)")
+    g.add_argument("--max-len", type=int, default=256, help="drop (and count) training pairs longer than this")
+    g.add_argument("--tokenizer", choices=("bpe", "wordlevel"), default="bpe", help="joint vocabulary type")
+    g.add_argument("--vocab-size", type=int, default=8000, help="joint source+target vocabulary size")
+    g.add_argument("-j", "--workers", type=int, default=2, help="DataLoader workers per process (they pad batches)")
+    g = p.add_argument_group("model")
+    g.add_argument("--preset", choices=tuple(PRESETS), default="base", help="base: 512 wide, 6+6 layers")
+    g.add_argument("--d-model", type=int, default=None, help="override the preset's width")
+    g.add_argument("--layers", type=int, default=None, help="override the preset's encoder and decoder depth")
+    g.add_argument("--heads", type=int, default=None, help="override the preset's attention heads")
+    g.add_argument("--d-ff", type=int, default=None, help="override the preset's feed-forward width")
+    g.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
+    g.add_argument("--compile", action="store_true", help="torch.compile the training model")
+    g = p.add_argument_group("optimization")
+    g.add_argument("--epochs", type=int, default=20)
+    g.add_argument("--max-steps", type=int, default=0, help="stop after this many optimizer steps (0: no limit)")
+    g.add_argument(
+        "--max-tokens", type=int, default=4096, help="padded tokens per batch per process (replaces --batch-size)"
+    )
+    g.add_argument("--accum-steps", type=int, default=1, help="gradient accumulation micro-batches per step")
+    g.add_argument("--lr", type=float, default=5e-4, help="peak LR (Adam; not scaled with the batch)")
+    g.add_argument("--warmup-steps", type=int, default=1000, help="linear warmup, then LR ~ 1/sqrt(step)")
+    g.add_argument("--wd", "--weight-decay", dest="weight_decay", type=float, default=0.0)
+    g.add_argument("--label-smoothing", type=float, default=0.1)
+    g.add_argument("--clip-grad", type=float, default=1.0, help="max gradient norm (0: off)")
+    g.add_argument(
+        "--amp", choices=("auto", "bf16", "fp16", "none"), default="auto", help="auto: bf16 on GPU, off on CPU"
+    )
+    g = p.add_argument_group("evaluation")
+    g.add_argument("--beam", type=int, default=1, help="beam size for BLEU decoding (1: greedy)")
+    g.add_argument("--eval-every", type=int, default=1, help="evaluate every N epochs (and at the end)")
+    g.add_argument("--samples", type=int, default=3, help="sample translations to print at each evaluation")
+    g = p.add_argument_group("run")
+    g.add_argument("--output-dir", default="runs/transformer")
+    g.add_argument("--resume", default="auto", help="auto (continue from output-dir/last.pt if present) | PATH | none")
+    g.add_argument("--save-every-steps", type=int, default=0, help="also checkpoint every N steps (0: at epoch end)")
+    g.add_argument("--keep-last", type=int, default=0, help="keep the N newest step_*.pt copies (0: none)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("-p", "--print-freq", type=int, default=50, help="log every N steps")
+    g.add_argument("--wandb", action="store_true", help="log to Weights & Biases from rank 0 (honours WANDB_MODE)")
+    add_dist_args(p)
+    return p
+
+
+def inverse_sqrt(step: int, warmup: int) -> float:
+    """LR multiplier: linear warmup to 1, then warmup**0.5 / step**0.5. Pure in `step`."""
+    step += 1
+    return min(step / warmup, (warmup / step) ** 0.5) if warmup > 0 else step**-0.5
+
+
+@torch.no_grad()
+def evaluate(model, data, tok, args, info, dtype) -> dict:
+    """Loss and sacreBLEU over the whole split: each pair on one rank, the hypotheses gathered on rank 0.
+
+    `model` is the bare model: ranks hold different numbers of batches, and a DDP forward would wait
+    for the others.
+    """
+    from sacrebleu.metrics import BLEU
+
+    src_ids, tgt_ids, src_text, refs = data
+    device = info.device
+    model.eval()
+    mine = list(ExactEvalSampler(len(src_ids), info.rank, info.world_size))  # rank r: r, r+W, r+2W, ...
+    lengths = [max(len(src_ids[i]), len(tgt_ids[i])) + 1 for i in range(len(src_ids))]
+    sums = torch.zeros(2, device=device, dtype=torch.float64)  # summed NLL, target tokens
+    for batch in token_batches(sorted(mine, key=lengths.__getitem__), lengths, args.max_tokens):
+        src, tgt_in, tgt_out = (t.to(device) for t in collate([(src_ids[i], tgt_ids[i]) for i in batch]))
+        with autocast(device, dtype):
+            logits = model(src, tgt_in)
+        nll = F.cross_entropy(logits.float().flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, reduction="sum")
+        sums += torch.stack([nll.double(), (tgt_out != PAD).sum().double()])
+    loss, n_tok = all_reduce_sum(sums).tolist()
+    hyps = decode(tok, translate_ids(model, [src_ids[i] for i in mine], args.max_tokens, args.beam, dtype))
+    gathered = [None] * info.world_size if info.is_main else None
+    if is_dist():
+        dist.gather_object(list(zip(mine, hyps)), gathered, dst=0)
+    else:
+        gathered = [list(zip(mine, hyps))]
+    result = None
+    if info.is_main:  # detokenized, cased corpus BLEU against the original reference text
+        by_index = dict(pair for part in gathered for pair in part)
+        hyps = [by_index[i] for i in range(len(refs))]
+        bleu = BLEU()
+        score = bleu.corpus_score(hyps, [refs]).score
+        samples = [(src_text[i], refs[i], hyps[i]) for i in range(min(args.samples, len(refs)))]
+        result = {"bleu": score, "bleu_signature": str(bleu.get_signature()), "samples": samples}
+    result = broadcast_object(result)
+    model.train()
+    return {"loss": loss / max(n_tok, 1), **result, "count": len(refs)}
+
+
+# ------------------------------------------------------------------ main
+
+
+def main(args: argparse.Namespace) -> None:
+    if args.max_tokens <= 0 or args.accum_steps <= 0 or args.beam <= 0:
+        raise UserError("--max-tokens, --accum-steps and --beam must be positive")
+    if args.max_len > args.max_tokens:
+        raise UserError(f"--max-len {args.max_len} > --max-tokens {args.max_tokens}: a long pair would not fit")
+    for pkg in ("tokenizers", "sacrebleu"):
+        try:
+            __import__(pkg)
+        except ImportError:
+            raise UserError(f"this script needs the {pkg} package (pip install {pkg})") from None
+    # [DDP 1] init the process group (torchrun, Slurm, MPI, --dist-url or none) and pick this rank's device.
+    info = setup_distributed(args)
+    device = info.device
+    seed_everything(args.seed, info.rank)
+    out = prepare_output_dir(args.output_dir)
+    dtype = amp_dtype(args.amp, device)
+
+    # ---- resume: read the checkpoint first, its tokenizer decides how text becomes ids
+    ckpt_path = resolve_resume(args.resume, out)
+    ckpt = load_checkpoint(ckpt_path) if ckpt_path is not None else None
+
+    # ---- text (the Hub is contacted by rank 0 only)
+    splits = load_corpus(args, info)
+    src_lang, tgt_lang = ("src", "tgt") if args.synthetic else (args.lang_src, args.lang_tgt)
+    print0(", ".join(f"{k}: {len(v[0])} pairs" for k, v in splits.items()) + f" ({src_lang}->{tgt_lang})")
+
+    # ---- tokenizer: trained on the training split by rank 0, sent to the others, kept in every checkpoint
+    from tokenizers import Tokenizer
+
+    if ckpt is not None:
+        if "tokenizer" not in ckpt:
+            raise UserError(f"checkpoint {ckpt_path} has no tokenizer (not from transformer/train.py?)")
+        tok_json = ckpt["tokenizer"]
+    else:
+        tok_json = None
+        if info.is_main:
+            tok_json = train_tokenizer(args.tokenizer, splits["train"][0] + splits["train"][1], args.vocab_size)
+            tok_json = tok_json.to_str()
+        tok_json = broadcast_object(tok_json)  # also the barrier: the others wait for rank 0's training
+    if info.is_main:
+        (out / "tokenizer.json").write_text(tok_json)
+    tok = Tokenizer.from_str(tok_json)
+
+    # ---- token ids; drop (and count) over-long training pairs; evaluation keeps every pair
+    ids = {k: (encode(tok, s), encode(tok, t)) for k, (s, t) in splits.items()}
+    tokenizers_done_forking()
+    keep = [i for i, (s, t) in enumerate(zip(*ids["train"])) if max(len(s), len(t)) + 1 <= args.max_len]
+    n_long = len(ids["train"][0]) - len(keep)
+    train_src, train_tgt = [ids["train"][0][i] for i in keep], [ids["train"][1][i] for i in keep]
+    print0(f"vocab {tok.get_vocab_size()} ({args.tokenizer}); dropped {n_long} training pairs over {args.max_len} tokens")
+    limit = ModelConfig.max_positions - 1  # the decoder also needs room for <s>
+    eval_sets = {
+        k: ([s[:limit] for s in ids[k][0]], [t[:limit] for t in ids[k][1]], *splits[k])
+        for k in ("val", "test")
+        if k in splits
+    }
+
+    # [DDP 2] every rank gets the same number of token-budget batches; the order of epoch e is a function of (seed, e).
+    try:
+        sampler = TokenBudgetBatchSampler(
+            [len(s) + 1 for s in train_src],
+            [len(t) + 1 for t in train_tgt],
+            args.max_tokens,
+            info.rank,
+            info.world_size,
+            args.seed,
+            args.accum_steps,
+        )
+    except ValueError as e:
+        raise UserError(f"too little training data: {e}") from None
+    steps_per_epoch = sampler.steps_per_epoch
+    train_loader = torch.utils.data.DataLoader(
+        ParallelDataset(train_src, train_tgt),
+        batch_sampler=sampler,
+        collate_fn=collate,
+        num_workers=args.workers,
+        pin_memory=device.type == "cuda",
+        persistent_workers=args.workers > 0,
+    )
+
+    # ---- model
+    preset = PRESETS[args.preset]
+    overrides = {"d_model": args.d_model, "n_heads": args.heads, "d_ff": args.d_ff, "dropout": args.dropout}
+    overrides.update(enc_layers=args.layers, dec_layers=args.layers)
+    cfg = ModelConfig(tok.get_vocab_size(), **{**preset, **{k: v for k, v in overrides.items() if v is not None}})
+    model = Transformer(cfg).to(device)
+    model_without_ddp = model  # what we save, evaluate and restore
+    # [DDP 3] wrap the model: gradients are averaged across ranks during backward.
+    if info.world_size > 1:
+        model = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True
+        )
+    # dynamic=True: batch shapes change with every length bucket; compile once for all of them.
+    train_model = torch.compile(model, dynamic=True) if args.compile else model
+
+    # ---- optimizer and LR schedule (a pure function of the step)
+    optimizer = torch.optim.AdamW(
+        param_groups(model_without_ddp, args.weight_decay),
+        lr=args.lr,
+        betas=(0.9, 0.98),
+        eps=1e-9,
+        fused=device.type == "cuda",
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(inverse_sqrt, warmup=args.warmup_steps))
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+
+    # ---- resume (same command restarted by torchrun/Slurm continues where it stopped)
+    epoch, step, batch_in_epoch, best, wandb_id = 0, 0, 0, 0.0, None
+    if ckpt is not None:
+        load_model_state(model_without_ddp, ckpt["model"], ckpt_path)
+        try:
+            optimizer.load_state_dict(ckpt["optimizer"])
+            scheduler.load_state_dict(ckpt["scheduler"])
+            scaler.load_state_dict(ckpt["scaler"])
+        except (KeyError, ValueError) as e:
+            raise UserError(f"checkpoint {ckpt_path} has no usable optimizer state ({e})") from None
+        epoch, step, batch_in_epoch, best = ckpt["epoch"], ckpt["step"], ckpt["batch_in_epoch"], ckpt["best_metric"]
+        wandb_id = ckpt.get("wandb_id")
+        print0(f"resumed from {ckpt_path}: epoch {epoch}, step {step}, batch {batch_in_epoch} of the epoch")
+        if ckpt.get("world_size") not in (None, info.world_size):
+            print0(
+                f"note: checkpoint was written with world size {ckpt['world_size']}, now {info.world_size}; "
+                "the data order from here on differs from an uninterrupted run"
+            )
+            batch_in_epoch = 0  # another world size cuts the epoch differently: start its next epoch
+            epoch += ckpt["batch_in_epoch"] > 0
+        del ckpt
+
+    def save(name: str, keep_last: int = 0) -> None:
+        if info.is_main:  # [DDP 4] only rank 0 writes, atomically
+            save_checkpoint(
+                {
+                    "model": model_without_ddp.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "scaler": scaler.state_dict(),
+                    "epoch": epoch,
+                    "step": step,
+                    "batch_in_epoch": batch_in_epoch,
+                    "best_metric": best,
+                    "args": vars(args),
+                    "world_size": info.world_size,
+                    "wandb_id": wandb_id,
+                    "tokenizer": tok_json,  # translate.py needs nothing but this file
+                    "model_config": asdict(cfg),
+                    "langs": [src_lang, tgt_lang],
+                },
+                out / name,
+                keep_last=keep_last,
+            )
+
+    n_params = count_params(model_without_ddp.parameters())
+    logger = MetricsLogger(out, info, args.wandb)
+    config = logger.write_config(
+        args,
+        {
+            "model_config": asdict(cfg),
+            "params": n_params,
+            "train_pairs": len(train_src),
+            "dropped_long_pairs": n_long,
+            "steps_per_epoch": steps_per_epoch,
+            "max_tokens_per_step": args.max_tokens * info.world_size * args.accum_steps,
+        },
+    )
+    wandb_id = logger.start_wandb("transformer", config, wandb_id)
+    print0(
+        f"transformer {args.preset} ({n_params / 1e6:.1f}M params) on {len(train_src)} pairs | "
+        f"{info.world_size} process(es) on {device.type} ({info.launcher}) | up to "
+        f"{args.max_tokens} x {info.world_size} x {args.accum_steps} padded tokens per step | "
+        f"{steps_per_epoch} steps/epoch | peak lr {args.lr:.4g}"
+    )
+    total_steps = args.epochs * steps_per_epoch
+    max_steps = min(total_steps, args.max_steps or total_steps)
+    progress = Progress(info, max_steps, step, unit="tok")
+    stop = StopSignal()
+
+    def run_eval(split: str) -> dict:
+        m = evaluate(model_without_ddp, eval_sets[split], tok, args, info, dtype)
+        logger.log({"split": split, "epoch": epoch, "step": step, "loss": m["loss"], "bleu": m["bleu"]})
+        progress.write(
+            f"epoch {epoch} {split}: loss {m['loss']:.4f} BLEU {m['bleu']:.2f} ({m['count']} sentences, "
+            f"{'greedy' if args.beam == 1 else f'beam {args.beam}'}; sacreBLEU {m['bleu_signature']})"
+        )
+        for s, r, h in m["samples"]:
+            progress.write(f"  src: {s}\n  ref: {r}\n  hyp: {h}")
+        return m
+
+    # ---- training loop
+    stopped = False
+    loss_sum, tok_done, t0 = torch.zeros((), device=device), 0, time.time()
+    while epoch < args.epochs and step < max_steps and not stopped:
+        train_model.train()
+        sampler.set_epoch(epoch, skip=batch_in_epoch)
+        step_tokens = sampler.step_tokens()  # target tokens of each optimizer step, all ranks together
+        for i, (src, tgt_in, tgt_out) in enumerate(train_loader, start=batch_in_epoch):
+            src, tgt_in, tgt_out = (t.to(device, non_blocking=True) for t in (src, tgt_in, tgt_out))
+            if i % args.accum_steps == 0:  # dropout masks depend on (seed, rank, step) only: resumable
+                torch.manual_seed(mix_seed(args.seed, info.rank, step))
+            sync = (i + 1) % args.accum_steps == 0
+            with model.no_sync() if (not sync and info.world_size > 1) else contextlib.nullcontext():
+                with autocast(device, dtype):
+                    logits = train_model(src, tgt_in)
+                    loss = F.cross_entropy(
+                        logits.flatten(0, 1),
+                        tgt_out.flatten(),
+                        ignore_index=PAD,
+                        label_smoothing=args.label_smoothing,
+                        reduction="sum",
+                    )
+                # DDP averages gradients over ranks; x world_size / tokens makes the step's gradient the mean
+                # over every target token of the step, however unevenly the tokens fall on ranks and micro-batches.
+                scaler.scale(loss * (info.world_size / step_tokens[i // args.accum_steps])).backward()
+            loss_sum += loss.detach()
+            if not sync:
+                continue
+            scaler.unscale_(optimizer)
+            if args.clip_grad > 0:
+                nn.utils.clip_grad_norm_(model_without_ddp.parameters(), args.clip_grad)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            step += 1
+            batch_in_epoch = i + 1
+            tok_done += step_tokens[i // args.accum_steps]
+            if step % args.print_freq == 0 or step == max_steps:
+                loss_avg = all_reduce_sum(loss_sum.clone()).item() / tok_done  # per target token; the one host sync
+                tps = tok_done / (time.time() - t0)
+                lr = scheduler.get_last_lr()[0]
+                logger.log({"split": "train", "epoch": epoch, "step": step, "loss": loss_avg, "lr": lr, "tok_per_s": tps})
+                progress.update(step, f"epoch {epoch} loss {loss_avg:.4f} lr {lr:.4g} {tps:.0f} tok/s")
+                loss_sum.zero_()
+                tok_done, t0 = 0, time.time()
+            if args.save_every_steps and step % args.save_every_steps == 0:
+                save("last.pt", args.keep_last)
+            stopped = stop.should_stop()
+            if step >= max_steps or stopped:
+                break
+        epoch_done = batch_in_epoch >= steps_per_epoch * args.accum_steps
+        if epoch_done:
+            epoch, batch_in_epoch = epoch + 1, 0
+        if (epoch_done and (epoch % args.eval_every == 0 or epoch == args.epochs)) or (
+            step >= max_steps and not stopped
+        ):
+            m = run_eval("val")
+            if m["bleu"] > best:
+                best = m["bleu"]
+                save("best.pt")
+            loss_sum.zero_()  # keep eval time out of the throughput
+            tok_done, t0 = 0, time.time()
+        save("last.pt")
+    stop.close()
+    progress.close()
+    if stopped:
+        print0(
+            f"stopped by {stop.received or 'a signal on another rank'} at step {step}; checkpoint saved, "
+            f"rerun the same command to continue (exit {PREEMPTED_EXIT_CODE})"
+        )
+        logger.close()
+        sys.exit(PREEMPTED_EXIT_CODE)
+    if "test" in eval_sets:
+        run_eval("test")
+    print0(f"done: step {step}, best val BLEU {best:.2f}")
+    logger.close()
+
+
+def cli() -> None:
+    args = get_args_parser().parse_args()
+    try:
+        main(args)
+    finally:
+        cleanup_distributed()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # fail instead of hanging on a dead rank
+    run_cli(cli)
