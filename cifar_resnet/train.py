@@ -40,6 +40,7 @@ from common.errors import UserError, run_cli
 from common.metrics import MetricsLogger, Progress, prepare_output_dir
 from common.utils import PREEMPTED_EXIT_CODE, StopSignal, amp_dtype, autocast, param_groups, warmup_cosine
 
+T_START = time.time()
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 
@@ -266,6 +267,10 @@ def evaluate(model, batches, device, dtype, tta: bool) -> dict[str, float]:
     return {"loss": loss / max(n, 1), "acc1": 100 * c1 / max(n, 1), "acc5": 100 * c5 / max(n, 1), "count": int(n)}
 
 
+def describe(m: dict[str, float]) -> str:
+    return f"loss {m['loss']:.4f} acc1 {m['acc1']:.2f} acc5 {m['acc5']:.2f} ({m['count']} images)"
+
+
 # ------------------------------------------------------------------ main
 
 
@@ -431,7 +436,7 @@ def main(args: argparse.Namespace) -> None:
             raise UserError("--evaluate needs a checkpoint: --resume PATH (or an output dir with last.pt)")
         m = evaluate(eval_model, eval_batches(), device, dtype, args.tta)
         logger.log({"split": eval_name, "epoch": epoch, "step": step, **m})
-        print0(f"{ckpt_path} {eval_name}: loss {m['loss']:.4f} acc1 {m['acc1']:.2f} acc5 {m['acc5']:.2f} ({m['count']} images)")
+        print0(f"{ckpt_path} {eval_name}: {describe(m)}")
         return
     print0(
         f"{args.arch} on {n_train} images | {info.world_size} process(es) on {device.type} ({info.launcher}) | "
@@ -498,10 +503,7 @@ def main(args: argparse.Namespace) -> None:
         ):
             m = evaluate(eval_model, eval_batches(), device, dtype, args.tta)
             logger.log({"split": eval_name, "epoch": epoch, "step": step, **m})
-            progress.write(
-                f"epoch {epoch} {eval_name}: loss {m['loss']:.4f} acc1 {m['acc1']:.2f} acc5 {m['acc5']:.2f} "
-                f"({m['count']} images)"
-            )
+            progress.write(f"epoch {epoch} {eval_name}: {describe(m)}")
             if m["acc1"] > best:
                 best = m["acc1"]
                 save("best.pt")
@@ -516,7 +518,7 @@ def main(args: argparse.Namespace) -> None:
         )
         logger.close()
         sys.exit(PREEMPTED_EXIT_CODE)
-    print0(f"done: step {step}, best {eval_name} acc1 {best:.2f}")
+    print0(f"done: step {step}, best {eval_name} acc1 {best:.2f}, wall {time.time() - T_START:.1f}s since start")
     logger.close()
 
 
