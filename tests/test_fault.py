@@ -1,0 +1,178 @@
+"""Fault tolerance with real processes: elastic restart after SIGKILL, preemption by SIGTERM/SIGUSR2,
+dead or stuck peers never hang the survivors."""
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import PY, REPO, free_port, make_jpeg_imagefolder, run
+
+STEPS = 20  # 40 images / 2 ranks / batch 4 = 5 steps per epoch, 4 epochs
+
+
+def train_cmd(data, out, *extra):
+    return [
+        "cifar_resnet/train.py",
+        "--data-dir",
+        str(data),
+        "--epochs",
+        "4",
+        "-b",
+        "4",
+        "-j",
+        "0",
+        "--seed",
+        "5",
+        "--save-every-steps",
+        "2",
+        "-p",
+        "1",
+        "--output-dir",
+        str(out),
+        *extra,
+    ]
+
+
+def torchrun_cmd(*args, restarts=0):
+    return [
+        PY,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        f"--max-restarts={restarts}",
+        *args,
+    ]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_jpeg_imagefolder(tmp_path_factory.mktemp("d"), {"train": 40, "test": 7}, classes=10)
+
+
+@pytest.fixture(scope="module")
+def reference(data, tmp_path_factory):
+    """The uninterrupted run every interrupted one must match bit for bit."""
+    out = tmp_path_factory.mktemp("ref")
+    run(torchrun_cmd(*train_cmd(data, out)))
+    return torch.load(out / "last.pt", weights_only=True)
+
+
+def assert_same_params(a, b):
+    assert a["step"] == b["step"] == STEPS
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
+
+
+def descendants_with_rank(root_pid, rank):
+    """PIDs of train.py workers under root_pid whose environment says RANK=rank."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes()
+            env = (d / "environ").read_bytes().split(b"\0")
+            pid, ppids = int(d.name), []
+            p = pid
+            while p > 1:
+                p = int((Path("/proc") / str(p) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                ppids.append(p)
+        except (OSError, ValueError, IndexError):
+            continue
+        if b"train.py" in cmd and f"RANK={rank}".encode() in env and root_pid in ppids:
+            found.append(pid)
+    return found
+
+
+def wait_for_step(out, step, proc, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, "training ended before the fault could be injected"
+        try:
+            if torch.load(out / "last.pt", weights_only=True)["step"] >= step:
+                return
+        except (OSError, RuntimeError, EOFError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError("no checkpoint in time")
+
+
+def popen(cmd):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_elastic_restart_after_sigkill_is_bit_identical(data, reference, tmp_path):
+    """torchrun --max-restarts=2: SIGKILL rank 1 mid-epoch; the group restarts from last.pt and finishes."""
+    proc = popen(torchrun_cmd(*train_cmd(data, tmp_path), restarts=2))
+    wait_for_step(tmp_path, 6, proc)  # checkpoint at step 6 = epoch 1, batch 1 of 5: mid-epoch
+    (pid,) = descendants_with_rank(proc.pid, 1)
+    os.kill(pid, signal.SIGKILL)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    assert "resumed from" in out
+    assert_same_params(reference, torch.load(tmp_path / "last.pt", weights_only=True))
+
+
+@pytest.mark.parametrize(
+    "target,sig", [("worker", signal.SIGTERM), ("launcher", signal.SIGTERM), ("worker", signal.SIGUSR2)]
+)
+def test_preemption_saves_exits_75_and_resumes(data, reference, tmp_path, target, sig):
+    proc = popen(torchrun_cmd(*train_cmd(data, tmp_path)))
+    wait_for_step(tmp_path, 3, proc)
+    pid = proc.pid if target == "launcher" else descendants_with_rank(proc.pid, 1)[0]
+    os.kill(pid, sig)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "rerun the same command to continue (exit 75)" in out, out[-3000:]
+    assert "exitcode  : 75" in out or "exitcode: 75" in out.replace(" ", "") or target == "launcher", out[-3000:]
+    stopped = torch.load(tmp_path / "last.pt", weights_only=True)
+    assert 3 <= stopped["step"] < STEPS
+    run(torchrun_cmd(*train_cmd(data, tmp_path)))  # the same command continues
+    assert_same_params(reference, torch.load(tmp_path / "last.pt", weights_only=True))
+
+
+def two_ranks_dist_url(data, out, timeout):
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        cmd = [
+            PY,
+            *train_cmd(data, out),
+            "--dist-url",
+            f"tcp://127.0.0.1:{port}",
+            "--world-size",
+            "2",
+            "--rank",
+            str(rank),
+            "--dist-timeout",
+            str(timeout),
+        ]
+        procs.append(popen(cmd))
+    return procs
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP])
+def test_dead_or_stuck_peer_never_hangs_the_survivor(data, tmp_path, sig):
+    """No torchrun to clean up: rank 1 is killed (or frozen); rank 0 must exit within --dist-timeout."""
+    r0, r1 = two_ranks_dist_url(data, tmp_path, timeout=10)
+    try:
+        wait_for_step(tmp_path, 2, r0)
+        os.kill(r1.pid, sig)
+        t0 = time.time()
+        out, _ = r0.communicate(timeout=60)
+        assert r0.returncode not in (0, None)
+        assert time.time() - t0 < 40, "survivor took too long"
+        # gloo names the cause: "Connection closed/reset by peer" (dead) or a timeout (frozen)
+        assert "by peer" in out or "timed out" in out.lower() or "timeout" in out.lower(), out[-2000:]
+    finally:
+        for p in (r0, r1):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
