@@ -210,10 +210,15 @@ def to_uint8_tensors(ds, workers: int):
     return torch.cat(xs).permute(0, 2, 3, 1).contiguous(), torch.cat(ys)
 
 
+@functools.cache
+def _mean_std(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    # Made once per device: a host->device copy inside the loop would sync the stream every step.
+    return torch.tensor(MEAN, device=device) * 255, torch.tensor(STD, device=device) * 255
+
+
 def normalize(x_uint8_nhwc: torch.Tensor) -> torch.Tensor:
     """uint8 NHWC -> normalized float NCHW (a channels_last view, no copy of layout)."""
-    mean = torch.tensor(MEAN, device=x_uint8_nhwc.device) * 255
-    std = torch.tensor(STD, device=x_uint8_nhwc.device) * 255
+    mean, std = _mean_std(x_uint8_nhwc.device)
     return ((x_uint8_nhwc.float() - mean) / std).permute(0, 3, 1, 2)
 
 
@@ -247,7 +252,7 @@ def build_model(arch: str) -> nn.Module:
 def evaluate(model, batches, device, dtype, tta: bool) -> dict[str, float]:
     """Exact metrics: every sample counted once over all ranks (sums are all-reduced)."""
     model.eval()
-    sums = torch.zeros(4, device=device, dtype=torch.float64)  # loss, correct1, correct5, count
+    sums, n = torch.zeros(3, device=device, dtype=torch.float64), 0  # loss, correct1, correct5 (no syncs in loop)
     for x, y in batches:
         with autocast(device, dtype):
             logits = model(x).float()
@@ -259,10 +264,10 @@ def evaluate(model, batches, device, dtype, tta: bool) -> dict[str, float]:
                 F.cross_entropy(logits, y, reduction="sum").double(),
                 (top5[:, 0] == y).sum().double(),
                 (top5 == y[:, None]).any(dim=1).sum().double(),
-                torch.tensor(float(y.numel()), device=device, dtype=torch.float64),
             ]
         )
-    loss, c1, c5, n = all_reduce_sum(sums).tolist()
+        n += y.numel()
+    loss, c1, c5, n = all_reduce_sum(torch.cat([sums, sums.new_tensor([n])])).tolist()
     model.train()
     return {"loss": loss / max(n, 1), "acc1": 100 * c1 / max(n, 1), "acc5": 100 * c5 / max(n, 1), "count": int(n)}
 
@@ -360,8 +365,8 @@ def main(args: argparse.Namespace) -> None:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    model_without_ddp = model  # what we save, evaluate and restore
-    eval_model = torch.compile(model) if args.compile else model
+    # What we save, restore and evaluate. Eval runs eager: uneven shards and a second compile cost more than it saves.
+    model_without_ddp = model
     # [DDP 3] wrap the model: gradients are averaged across ranks during backward.
     if info.world_size > 1:
         model = nn.parallel.DistributedDataParallel(
@@ -434,7 +439,7 @@ def main(args: argparse.Namespace) -> None:
     if args.evaluate:
         if ckpt_path is None:
             raise UserError("--evaluate needs a checkpoint: --resume PATH (or an output dir with last.pt)")
-        m = evaluate(eval_model, eval_batches(), device, dtype, args.tta)
+        m = evaluate(model_without_ddp, eval_batches(), device, dtype, args.tta)
         logger.log({"split": eval_name, "epoch": epoch, "step": step, **m})
         print0(f"{ckpt_path} {eval_name}: {describe(m)}")
         return
@@ -501,7 +506,7 @@ def main(args: argparse.Namespace) -> None:
         if (epoch_done and (epoch % args.eval_every == 0 or epoch == args.epochs)) or (
             step >= max_steps and not stopped
         ):
-            m = evaluate(eval_model, eval_batches(), device, dtype, args.tta)
+            m = evaluate(model_without_ddp, eval_batches(), device, dtype, args.tta)
             logger.log({"split": eval_name, "epoch": epoch, "step": step, **m})
             progress.write(f"epoch {epoch} {eval_name}: {describe(m)}")
             if m["acc1"] > best:

@@ -1,0 +1,307 @@
+"""One benchmark entry point: bare training-step baselines and the scripts, measured side by side.
+
+    python bench/benchmark.py --out bench_out                 # on a GPU machine: everything that fits
+    python bench/benchmark.py --only resnet50,cifar --out o   # a subset
+    python bench/benchmark.py --tiny --out o                  # CPU smoke mode (CI runs this so it cannot rot)
+
+Writes ``OUT/results.json`` and ``OUT/results.md``: device, GPU count, torch/CUDA versions, and for every row the
+exact command (script rows) or the baseline it is (bare rows). Each script row is measured in the same run as
+the bare loop it is compared with. Throughput is the median over timed windows after warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def timed(step, iters: int, warmup: int, items_per_iter: int, device: torch.device) -> float:
+    """Items/s of ``step()``: warm up (compilation happens here), then the median of 5 timed windows."""
+    for _ in range(warmup):
+        step()
+    rates = []
+    for _ in range(5):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(max(1, iters // 5)):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        rates.append(items_per_iter * max(1, iters // 5) / (time.perf_counter() - t0))
+    return statistics.median(rates)
+
+
+def bare_vision_step(
+    model: nn.Module,
+    batch: int,
+    size: int,
+    classes: int,
+    dtype,
+    channels_last: bool,
+    compile_: bool,
+    device: torch.device,
+):
+    """The fewest lines that train a vision model: GPU-resident data, SGD, optional bf16/channels_last/compile."""
+    model = model.to(device)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    x = torch.randn(batch, 3, size, size, device=device)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, classes, (batch,), device=device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    fwd = torch.compile(model) if compile_ else model
+
+    def step():
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            loss = F.cross_entropy(fwd(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def script_rate(cmd: list[str], out: Path, key: str, skip: int = 2, env: dict | None = None) -> tuple[float, str]:
+    """Run a train.py command; return the median of its logged ``key`` (after ``skip`` warm-up records)."""
+    full = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    t0 = time.time()
+    p = subprocess.run(cmd, cwd=REPO, env=full, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
+    recs = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    vals = [r[key] for r in recs if r.get("split") == "train" and key in r][skip:]
+    if not vals:
+        raise RuntimeError(f"no {key} records in {out}/metrics.jsonl")
+    return statistics.median(vals), f"{time.time() - t0:.0f}s"
+
+
+def cmd_str(cmd: list[str]) -> str:
+    return " ".join(str(c) for c in cmd).replace(sys.executable, "python3")
+
+
+# ------------------------------------------------------------------ measurements
+
+
+def bench_resnet50(args, device, rows):
+    """ResNet-50 bare steps vs imagenet/train.py --dummy (issue: >= 6,500 img/s bf16+cl+compile on 1 GPU)."""
+    import torchvision
+
+    b, size, iters = (args.rn50_batch, 224, args.iters) if not args.tiny else (4, 64, 2)
+    torch.backends.cudnn.benchmark = True
+    configs = [
+        ("fp32 (TF32 convs, eager)", None, False, False),
+        ("bf16 + channels_last", torch.bfloat16, True, False),
+        ("bf16 + channels_last + compile", torch.bfloat16, True, True),
+    ]
+    if args.tiny:
+        configs = configs[:1]
+    for name, dtype, cl, comp in configs:
+        torch.manual_seed(0)
+        step = bare_vision_step(torchvision.models.resnet50(), b, size, 1000, dtype, cl, comp, device)
+        rows.append(
+            {
+                "bench": "resnet50",
+                "what": f"bare step, {name}",
+                "batch": b,
+                "img_per_s": timed(step, iters, 10 if not args.tiny else 1, b, device),
+            }
+        )
+        del step
+        torch.cuda.empty_cache() if device.type == "cuda" else None
+    for name, flags in [
+        ("fp32 (TF32 convs, eager)", ["--amp", "none", "--no-channels-last"]),
+        ("bf16 + channels_last", ["--amp", "bf16", "--channels-last"]),
+        ("bf16 + channels_last + compile", ["--amp", "bf16", "--channels-last", "--compile"]),
+    ]:
+        if args.tiny and "compile" in name:
+            continue
+        out = Path(args.out) / f"rn50_{len(rows)}"
+        steps = str(args.script_steps if not args.tiny else 3)
+        cmd = [
+            sys.executable,
+            "imagenet/train.py",
+            "--dummy",
+            "-a",
+            "resnet50",
+            "-b",
+            str(b),
+            "--max-steps",
+            steps,
+            "-p",
+            "10" if not args.tiny else "1",
+            "--output-dir",
+            str(out),
+            "--resume",
+            "none",
+            *flags,
+        ]
+        if args.tiny:
+            cmd += ["--train-crop-size", "64", "--val-crop-size", "64", "--val-resize-size", "72", "-j", "0"]
+        rate, wall = script_rate(cmd, out, "img_per_s")
+        rows.append(
+            {
+                "bench": "resnet50",
+                "what": f"imagenet/train.py --dummy, {name}",
+                "batch": b,
+                "img_per_s": rate,
+                "wall": wall,
+                "cmd": cmd_str(cmd),
+            }
+        )
+
+
+def cifar_bare_epoch(args, device, n: int) -> float:
+    """Seconds per epoch of n images for a bare ResNet-18 (CIFAR stem) loop with GPU-resident data."""
+    import torchvision
+
+    model = torchvision.models.resnet18(num_classes=10)
+    model.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+    model.maxpool = nn.Identity()
+    b = 512 if not args.tiny else 8
+    step = bare_vision_step(
+        model,
+        b,
+        32,
+        10,
+        torch.bfloat16 if device.type == "cuda" else None,
+        device.type == "cuda",
+        device.type == "cuda" and not args.tiny,
+        device,
+    )
+    rate = timed(step, args.iters if not args.tiny else 2, 10 if not args.tiny else 1, b, device)
+    return n / rate
+
+
+def bench_cifar(args, device, rows):
+    """CIFAR ResNet-18: bare loop epoch vs cifar_resnet/train.py --gpu-data epoch (issue: <= 1.0 s/epoch)."""
+    n = 45000 if not args.tiny else 64
+    rows.append(
+        {
+            "bench": "cifar",
+            "what": "bare step ResNet-18, bf16+cl+compile, resident data",
+            "epoch_s": cifar_bare_epoch(args, device, n),
+            "img_per_s": None,
+        }
+    )
+    rows[-1]["img_per_s"] = n / rows[-1]["epoch_s"]
+    data = ["--data-dir", args.cifar_dir, "--val-split", "5000"] if args.cifar_dir else ["--synthetic"]
+    for name, flags in [("--gpu-data", ["--gpu-data"]), ("DataLoader (Pillow)", ["-j", str(args.workers)])]:
+        out = Path(args.out) / f"cifar_{len(rows)}"
+        epochs = "3" if not args.tiny else "1"
+        cmd = [
+            sys.executable,
+            "cifar_resnet/train.py",
+            *data,
+            "-b",
+            "512" if not args.tiny else "8",
+            "--epochs",
+            epochs,
+            "-p",
+            "20" if not args.tiny else "1",
+            "--output-dir",
+            str(out),
+            "--resume",
+            "none",
+            *flags,
+        ]
+        if not args.tiny:
+            cmd.append("--compile")
+        else:
+            cmd += ["--max-steps", "3", "-j", "0"]
+        rate, wall = script_rate(cmd, out, "img_per_s", skip=1 if args.tiny else 3)
+        rows.append(
+            {
+                "bench": "cifar",
+                "what": f"cifar_resnet/train.py {name}",
+                "img_per_s": rate,
+                "epoch_s": n / rate,
+                "wall": wall,
+                "cmd": cmd_str(cmd),
+            }
+        )
+
+
+BENCHES = {"resnet50": bench_resnet50, "cifar": bench_cifar}
+
+
+def environment(device: torch.device) -> dict:
+    env = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": sys.version.split()[0],
+        "device": str(device),
+        "gpu_count": torch.cuda.device_count(),
+    }
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(0)
+    return env
+
+
+def to_markdown(env: dict, rows: list[dict]) -> str:
+    lines = [f"Device: {env.get('gpu', 'CPU')} x{env['gpu_count']}; torch {env['torch']}, CUDA {env['cuda']}", ""]
+    cols = ["bench", "what", "batch", "img_per_s", "tok_per_s", "epoch_s", "mfu", "wall", "cmd"]
+    cols = [c for c in cols if any(c in r for r in rows)]
+    lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cells = []
+        for c in cols:
+            v = r.get(c, "")
+            cells.append(
+                f"{v:,.0f}"
+                if isinstance(v, float) and v > 100
+                else f"{v:.3g}"
+                if isinstance(v, float)
+                else f"`{v}`"
+                if c == "cmd" and v
+                else str(v)
+            )
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="bench_out")
+    p.add_argument("--only", default="", help="comma-separated subset of: " + ",".join(BENCHES))
+    p.add_argument("--tiny", action="store_true", help="CPU smoke mode: tiny sizes, no timings worth reading")
+    p.add_argument("--iters", type=int, default=50, help="timed iterations per bare measurement")
+    p.add_argument("--script-steps", type=int, default=120, help="--max-steps for script measurements")
+    p.add_argument("--rn50-batch", type=int, default=256)
+    p.add_argument("--cifar-dir", default=None, help="CIFAR ImageFolder (train/<class>/*.jpg); default: --synthetic")
+    p.add_argument("-j", "--workers", type=int, default=min(16, os.cpu_count() or 1))
+    args = p.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.backends.cudnn.allow_tf32 = True  # PyTorch's default for convolutions
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    env, rows = environment(device), []
+    for name in args.only.split(",") if args.only else BENCHES:
+        t0 = time.time()
+        try:
+            BENCHES[name](args, device, rows)
+        except Exception as e:  # keep going: one broken measurement must not lose the others
+            rows.append({"bench": name, "what": f"FAILED: {str(e).splitlines()[0][:200]}"})
+            print(e, file=sys.stderr)
+        print(f"[{name}] {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
+        (Path(args.out) / "results.json").write_text(json.dumps({"env": env, "rows": rows}, indent=2))
+    md = to_markdown(env, rows)
+    (Path(args.out) / "results.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
