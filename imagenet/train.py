@@ -28,9 +28,12 @@ import time
 import warnings
 from pathlib import Path
 
+import PIL
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torchvision
+import torchvision.transforms as T
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # find common/ when run as a script
 from common.checkpoint import load_checkpoint, load_model_state, resolve_resume, save_checkpoint
@@ -52,42 +55,50 @@ from common.utils import PREEMPTED_EXIT_CODE, StopSignal, amp_dtype, autocast, p
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 # Defaults each recipe gives to the flags left unset (an explicit flag always wins).
+# fmt: off
 RECIPES = {
     # torchvision V1 / pytorch/examples: 76.13% top-1 for ResNet50 (torchvision's number, not reproduced here).
-    "classic": dict(
-        lr=0.1,
-        momentum=0.9,
-        weight_decay=1e-4,
-        label_smoothing=0.0,
-        lr_schedule="step",
-        warmup_epochs=0.0,
-        norm_bias_decay=True,
-    ),  # fmt: skip
+    "classic": dict(lr=0.1, momentum=0.9, weight_decay=1e-4, label_smoothing=0.0, lr_schedule="step",
+                    warmup_epochs=0.0, norm_bias_decay=True),
     # NVIDIA DeepLearningExamples ResNet50 v1.5, 90 epochs AMP: 77.1% top-1 (their number, not reproduced here).
-    "modern": dict(
-        lr=0.256,
-        momentum=0.875,
-        weight_decay=1 / 32768,
-        label_smoothing=0.1,
-        lr_schedule="cosine",
-        warmup_epochs=5.0,
-        norm_bias_decay=False,
-    ),  # fmt: skip
+    "modern": dict(lr=0.256, momentum=0.875, weight_decay=1 / 32768, label_smoothing=0.1, lr_schedule="cosine",
+                   warmup_epochs=5.0, norm_bias_decay=False),
 }
+# fmt: on
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    def _get_help_string(self, action):  # no "(default: None)" on flags that --recipe or the launcher fills in
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
+def rd(name: str) -> str:
+    """Help text for a flag that --recipe fills in: its value in each recipe."""
+    return "default: " + ", ".join(
+        f"{r} {v[name]:.4g}" if type(v[name]) is float else f"{r} {v[name]}" for r, v in RECIPES.items()
+    )  # noqa: E501
 
 
 def get_args_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        description=__doc__.split("\n")[0],
+        formatter_class=HelpFormatter,
+        epilog="Differences from pytorch/examples imagenet/main.py: -b and -j count per process (main.py divides\n"
+        "them by the GPUs of a node); --lr is for 256 images and is scaled to the global batch; --resume defaults\n"
+        "to auto (continue from OUTPUT_DIR/last.pt); checkpoints and metrics go to --output-dir; --seed defaults\n"
+        "to 0. --world-size/--rank count nodes with --multiprocessing-distributed (as in main.py), processes\n"
+        "otherwise. See imagenet/README.md.",
     )
-    p.add_argument("data", metavar="DATA", nargs="?", help="ImageFolder root with train/<class>/* and val/<class>/*")
+    p.add_argument("data", metavar="DATA", nargs="?", help="ImageFolder root: train/<class>/* and val/<class>/*")
     g = p.add_argument_group("data")
     g.add_argument("-j", "--workers", type=int, default=4, help="DataLoader workers per process (main.py: per node)")
     g.add_argument(
         "--synthetic", "--dummy", dest="synthetic", action="store_true",
         help="random batches made on the device, deterministic in (seed, step): benchmarks the model, not the disk",
     )  # fmt: skip
-    g.add_argument("--dummy-sizes", type=int, nargs=2, default=(1281167, 50000), metavar=("TRAIN", "VAL"))
+    g.add_argument(
+        "--dummy-sizes", type=int, nargs=2, default=(1281167, 50000), metavar=("TRAIN", "VAL"), help="--dummy images"
+    )
     g.add_argument("--train-crop-size", type=int, default=224, help="RandomResizedCrop size")
     g.add_argument("--val-resize-size", type=int, default=256, help="Resize before the center crop")
     g.add_argument("--val-crop-size", type=int, default=224, help="CenterCrop size")
@@ -100,7 +111,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across ranks (GPU only)")
     g.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None, help="default: on with CUDA")
     g = p.add_argument_group("optimization (unset values come from --recipe)")
-    g.add_argument("--recipe", choices=tuple(RECIPES), default="classic", help="see RECIPES and the README")
+    g.add_argument("--recipe", choices=tuple(RECIPES), default="classic", help="classic: main.py; modern: NVIDIA-like")
     g.add_argument("--epochs", type=int, default=90)
     g.add_argument("--start-epoch", type=int, default=0, help="start from this epoch when not resuming")
     g.add_argument("--max-steps", type=int, default=0, help="stop after this many optimizer steps (0: no limit)")
@@ -109,15 +120,17 @@ def get_args_parser() -> argparse.ArgumentParser:
         help="per process (main.py: per node); global = this x world size x accum",
     )  # fmt: skip
     g.add_argument("--accum-steps", type=int, default=1, help="gradient accumulation micro-batches per step")
-    g.add_argument("--lr", "--learning-rate", type=float, help="LR for 256 images, scaled linearly to the global batch")
-    g.add_argument("--momentum", type=float)
-    g.add_argument("--wd", "--weight-decay", dest="weight_decay", type=float)
-    g.add_argument("--norm-bias-decay", action=argparse.BooleanOptionalAction, help="weight decay on norms/biases")
-    g.add_argument("--label-smoothing", type=float)
-    g.add_argument("--lr-schedule", choices=("step", "cosine"))
+    g.add_argument(
+        "--lr", "--learning-rate", type=float, help="for 256 images, scaled to the global batch; " + rd("lr")
+    )
+    g.add_argument("--momentum", type=float, help=rd("momentum"))
+    g.add_argument("--wd", "--weight-decay", dest="weight_decay", type=float, help=rd("weight_decay"))
+    g.add_argument("--norm-bias-decay", action=argparse.BooleanOptionalAction, help=rd("norm_bias_decay"))
+    g.add_argument("--label-smoothing", type=float, help=rd("label_smoothing"))
+    g.add_argument("--lr-schedule", choices=("step", "cosine"), help=rd("lr_schedule"))
     g.add_argument("--lr-step-size", type=int, default=30, help="step schedule: decay every N epochs")
     g.add_argument("--lr-gamma", type=float, default=0.1, help="step schedule: decay factor")
-    g.add_argument("--warmup-epochs", type=float, help="linear warmup (5 helps global batches above 1k)")
+    g.add_argument("--warmup-epochs", type=float, help="linear warmup; " + rd("warmup_epochs"))
     g.add_argument("--mixup-alpha", type=float, default=0.0, help="mixup Beta(alpha, alpha) (0: off)")
     g.add_argument("--cutmix-alpha", type=float, default=0.0, help="cutmix Beta(alpha, alpha) (0: off)")
     g.add_argument("--ema-decay", type=float, default=0.0, help="keep an EMA of the weights, e.g. 0.9999 (0: off)")
@@ -141,7 +154,7 @@ def get_args_parser() -> argparse.ArgumentParser:
         help="spawn --nproc-per-node processes on this node; --world-size/--rank then count NODES, and a "
         "process's global rank is rank x nproc-per-node + local rank (as in main.py)",
     )  # fmt: skip
-    g.add_argument("--nproc-per-node", type=int, help="with --multiprocessing-distributed (default: GPUs, else 1)")
+    g.add_argument("--nproc-per-node", type=int, help="with --multiprocessing-distributed; default: GPUs, else 1")
     g.add_argument("--gpu", type=int, help="GPU id for a single process (or one per node with --dist-url)")
     return p
 
@@ -166,8 +179,6 @@ def make_lr_fn(args: argparse.Namespace, steps_per_epoch: int):
 
 
 def check_args(args: argparse.Namespace) -> None:
-    import torchvision
-
     if args.batch_size <= 0 or args.accum_steps <= 0:
         raise UserError("--batch-size and --accum-steps must be positive")
     archs = torchvision.models.list_models(module=torchvision.models)
@@ -239,26 +250,24 @@ def fetch_weights(args: argparse.Namespace) -> str | None:
 # ------------------------------------------------------------------ data
 
 
-def load_image_folders(args: argparse.Namespace, tf_train, tf_val):
-    """(train or None, val) ImageFolders whose unreadable files come back as (None, message)."""
-    from torchvision import datasets
+class CheckedImageFolder(torchvision.datasets.ImageFolder):
+    """ImageFolder whose unreadable files come back as (None, message) instead of killing a worker."""
 
-    class CheckedImageFolder(datasets.ImageFolder):
-        def __getitem__(self, i):
-            path, target = self.samples[i]
-            try:
-                return self.transform(self.loader(path)), target
-            except (OSError, ValueError, SyntaxError) as e:  # PIL: unidentified, truncated, broken stream
-                return None, f"{path} ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
-
-    def folder(split, tf):
+    def __getitem__(self, i):
+        path, target = self.samples[i]
         try:
-            return CheckedImageFolder(str(Path(args.data) / split), transform=tf)
-        except (FileNotFoundError, OSError) as e:
-            raise UserError(f"bad ImageFolder {Path(args.data) / split}: {str(e).splitlines()[0][:200]}") from None
+            return self.transform(self.loader(path)), target
+        except (OSError, ValueError, SyntaxError) as e:  # PIL: unidentified, truncated, broken stream
+            why = "not an image PIL can identify" if isinstance(e, PIL.UnidentifiedImageError) else str(e)
+            return None, f"{path} ({why.splitlines()[0][:120]})"
 
+
+def image_folder(root: Path, tf) -> CheckedImageFolder:
     # Issue 7 (--gpu-decode) hooks in here: read JPEG bytes and decode with torchvision.io.decode_jpeg on the GPU.
-    return (None if args.evaluate else folder("train", tf_train)), folder("val", tf_val)
+    try:
+        return CheckedImageFolder(str(root), transform=tf)
+    except (FileNotFoundError, OSError) as e:
+        raise UserError(f"bad ImageFolder {root}: {str(e).splitlines()[0][:200]}") from None
 
 
 def collate(batch):
@@ -272,10 +281,18 @@ def collate(batch):
 
 
 def build_model(arch: str, num_classes: int, weights=None) -> nn.Module:
-    import torchvision
-
     kw = {"aux_logits": False} if arch in ("googlenet", "inception_v3") else {}  # one output like every other model
     return torchvision.models.get_model(arch, weights=weights, num_classes=num_classes, **kw)
+
+
+@torch.no_grad()
+def broadcast_buffers(module: nn.Module) -> None:
+    """Give every rank rank 0's buffers (BN running stats). DDP broadcasts them only at the start of a
+    forward, so after the last training step each rank holds its own; without this the ranks would
+    evaluate slightly different models, none of them exactly the one saved in the checkpoint."""
+    if torch.distributed.is_initialized():
+        for b in module.buffers():
+            torch.distributed.broadcast(b, src=0)
 
 
 @torch.no_grad()
@@ -289,15 +306,9 @@ def evaluate(model, batches, device, dtype) -> dict[str, float]:
             continue
         with autocast(device, dtype):
             logits = model(x).float()
-        topk = logits.topk(min(5, logits.shape[1]), dim=1).indices
-        sums[:4] += torch.stack(
-            [
-                F.cross_entropy(logits.double(), y, reduction="sum"),
-                (topk[:, 0] == y).sum().double(),
-                (topk == y[:, None]).any(dim=1).sum().double(),
-                torch.tensor(float(y.numel()), device=device, dtype=torch.float64),
-            ]
-        )
+        hit = logits.topk(min(5, logits.shape[1]), dim=1).indices == y[:, None]  # (batch, k): right at rank j?
+        loss = F.cross_entropy(logits.double(), y, reduction="sum")
+        sums[:4] += torch.stack([loss, hit[:, 0].sum(), hit.any(dim=1).sum(), torch.full_like(loss, len(y))])
     loss, c1, c5, n, bad = all_reduce_sum(sums).tolist()
     model.train()
     m = {"loss": loss / max(n, 1), "acc1": 100 * c1 / max(n, 1), "acc5": 100 * c5 / max(n, 1), "count": int(n)}
@@ -318,22 +329,24 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
     device = info.device
     seed_everything(args.seed, info.rank)
     out = prepare_output_dir(args.output_dir)
+    ckpt_path = resolve_resume(args.resume, out)
+    if args.evaluate and ckpt_path is None and not args.pretrained:
+        raise UserError("-e needs weights: --resume CHECKPOINT, --pretrained, or a last.pt in --output-dir")
     dtype = amp_dtype(args.amp, device)
     channels_last = args.channels_last if args.channels_last is not None else device.type == "cuda"
     torch.backends.cudnn.benchmark = True  # fixed input sizes: let cuDNN pick the fastest kernels once
     global_batch = args.batch_size * info.world_size * args.accum_steps
-    skipped = {"train": 0}
+    bad_train = 0  # unreadable training images skipped by this rank (--skip-bad-images)
 
     # ---- data
-    import torchvision.transforms as T
-
     normalize = [T.PILToTensor(), T.ConvertImageDtype(torch.float), T.Normalize(MEAN, STD)]
     tf_train = T.Compose([T.RandomResizedCrop(args.train_crop_size), T.RandomHorizontalFlip(), *normalize])
     tf_val = T.Compose([T.Resize(args.val_resize_size), T.CenterCrop(args.val_crop_size), *normalize])
     if args.synthetic:
         num_classes, (n_train, n_val) = 1000, args.dummy_sizes
     else:
-        train_ds, val_ds = load_image_folders(args, tf_train, tf_val)
+        train_ds = None if args.evaluate else image_folder(Path(args.data) / "train", tf_train)
+        val_ds = image_folder(Path(args.data) / "val", tf_val)
         num_classes, n_train, n_val = len(val_ds.classes), len(train_ds or ()), len(val_ds)
     if args.pretrained and num_classes != 1000:
         raise UserError(f"--pretrained loads 1000-class ImageNet heads, but {args.data} has {num_classes} classes")
@@ -358,7 +371,8 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
             )
     if not args.synthetic:
         val_sampler = ExactEvalSampler(n_val, info.rank, info.world_size)
-        val_loader = torch.utils.data.DataLoader(val_ds, args.batch_size, sampler=val_sampler, **loader_kw)
+        val_kw = {**loader_kw, "persistent_workers": False}  # idle between evals: do not hold -j more processes
+        val_loader = torch.utils.data.DataLoader(val_ds, args.batch_size, sampler=val_sampler, **val_kw)
     gen = torch.Generator(device)
 
     def check_bad(bad: list[str], split: str) -> None:
@@ -377,22 +391,23 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
                 x = torch.randn(size, device=device, generator=gen)
                 yield i, x, torch.randint(0, num_classes, (args.batch_size,), device=device, generator=gen)
             return
+        nonlocal bad_train
         sampler.set_epoch(epoch, skip=skip * args.batch_size)
         for i, (x, y, bad) in enumerate(train_loader, start=skip):
             if i >= n:
                 return
             check_bad(bad, "train")
-            skipped["train"] += len(bad)
+            bad_train += len(bad)
             if x is None:  # every rank must run the same number of backward passes
                 raise UserError(f"a whole batch of unreadable training images, e.g. {bad[0]}")
             yield i, x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
     def val_batches():
-        if args.synthetic:
-            for j, idx in enumerate(torch.arange(info.rank, n_val, info.world_size).split(args.batch_size)):
-                gen.manual_seed(mix_seed(args.seed, 2**40, j, info.rank))
-                size = (len(idx), 3, args.val_crop_size, args.val_crop_size)
-                yield torch.randn(size, device=device, generator=gen), (idx % num_classes).to(device), 0
+        if args.synthetic:  # image k is pool[k % 64]: the same numbers for any world size
+            gen.manual_seed(mix_seed(args.seed, 2**40))
+            pool = torch.randn((64, 3, args.val_crop_size, args.val_crop_size), device=device, generator=gen)
+            for idx in torch.arange(info.rank, n_val, info.world_size, device=device).split(args.batch_size):
+                yield pool[idx % 64], idx % num_classes, 0
             return
         for x, y, bad in val_loader:
             check_bad(bad, "val")
@@ -427,10 +442,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
         )
 
     logger = MetricsLogger(out, info, args.wandb)
-    ckpt_path = resolve_resume(args.resume, out)
     if args.evaluate:  # -e: evaluate a checkpoint (or the pretrained weights) once and stop
-        if ckpt_path is None and not args.pretrained:
-            raise UserError("-e needs weights: --resume CHECKPOINT, --pretrained, or a last.pt in --output-dir")
         ckpt = load_checkpoint(ckpt_path) if ckpt_path is not None else {"epoch": 0, "step": 0}
         if ckpt_path is not None:
             load_model_state(model_without_ddp, ckpt["model"], ckpt_path)
@@ -445,7 +457,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
         )
     train_model = torch.compile(model) if args.compile else model
     ema = None
-    if args.ema_decay > 0:  # identical on every rank (same weights after each step), so no communication
+    if args.ema_decay > 0:  # updated on every rank from the same weights; BN buffers are synced before eval
         from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
         ema = AveragedModel(model_without_ddp, multi_avg_fn=get_ema_multi_avg_fn(args.ema_decay), use_buffers=True)
@@ -464,7 +476,6 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
         lr=lr,
         momentum=args.momentum,
     )
-    total_steps = args.epochs * steps_per_epoch
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, make_lr_fn(args, steps_per_epoch))
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
@@ -485,17 +496,23 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
         epoch, step, batch_in_epoch, best = ckpt["epoch"], ckpt["step"], ckpt["batch_in_epoch"], ckpt["best_metric"]
         wandb_id = ckpt.get("wandb_id")
         print0(f"resumed from {ckpt_path}: epoch {epoch}, step {step}, batch {batch_in_epoch} of the epoch")
-        if ckpt.get("world_size") not in (None, info.world_size):
+        old_world = ckpt.get("world_size", info.world_size)
+        old_micro = ckpt["args"].get("batch_size", args.batch_size) * old_world  # images per micro-batch
+        if old_world != info.world_size or old_micro != args.batch_size * info.world_size:
+            batch_in_epoch = batch_in_epoch * old_micro // (args.batch_size * info.world_size)  # same images done
+            batch_in_epoch -= batch_in_epoch % args.accum_steps
             print0(
-                f"note: checkpoint was written with world size {ckpt['world_size']}, now {info.world_size}; "
-                "the data order from here on differs from an uninterrupted run"
+                f"note: checkpoint was written by {old_world} process(es) x {old_micro // old_world} images, now "
+                f"{info.world_size} x {args.batch_size}; the epoch continues after the same images, the LR follows "
+                "the new global batch, and the data order differs from an uninterrupted run"
             )
-    elif epoch > 0:  # main.py's --start-epoch: the schedule continues from that epoch
-        step = epoch * steps_per_epoch
-        scheduler.last_epoch = step - 1
+    pos = epoch * steps_per_epoch + batch_in_epoch // args.accum_steps  # where the LR schedule should be
+    if pos != scheduler.last_epoch or scheduler.base_lrs[0] != lr:  # --start-epoch, or another global batch
+        scheduler.base_lrs, scheduler.last_epoch = [lr] * len(optimizer.param_groups), pos - 1
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "scheduler.step() before optimizer.step()" is intended here
-            scheduler.step()
+            warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": intended here
+            scheduler.step()  # sets the LR of step `pos`, with this run's peak LR
+        step = step or pos  # main.py's --start-epoch also counts the skipped epochs' steps
 
     def save(name: str, keep_last: int = 0) -> None:
         if info.is_main:  # [DDP 4] only global rank 0 writes (not every node's local rank 0), atomically
@@ -525,6 +542,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
         f"process(es) on {device.type} ({info.launcher}) | global batch {global_batch} = {args.batch_size} x "
         f"{info.world_size} x {args.accum_steps} | peak lr {lr:.4g}"
     )
+    total_steps = step + (args.epochs - epoch) * steps_per_epoch - batch_in_epoch // args.accum_steps
     max_steps = min(total_steps, args.max_steps or total_steps)
     progress = Progress(info, max_steps, step)
     stop = StopSignal()
@@ -564,8 +582,8 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
             batch_in_epoch += args.accum_steps
             loss_n += args.accum_steps
             if step % args.print_freq == 0 or step == max_steps:
-                stats = loss_sum.new_tensor([loss_sum.item(), skipped["train"]])  # the one host sync
-                loss_tot, n_skipped = all_reduce_sum(stats).tolist()
+                stats = torch.stack([loss_sum, torch.full_like(loss_sum, bad_train)])
+                loss_tot, n_skipped = all_reduce_sum(stats).tolist()  # the one host sync
                 loss_avg, n_skipped = loss_tot / (loss_n * info.world_size), int(n_skipped)
                 dt = time.time() - t0
                 ips = (step - step0) * global_batch / dt
@@ -588,8 +606,10 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
         if (epoch_done and (epoch % args.eval_every == 0 or epoch == args.epochs)) or (
             step >= max_steps and not stopped
         ):
+            broadcast_buffers(model_without_ddp)
             m = evaluate(eval_model, val_batches(), device, dtype)
             if ema is not None:
+                broadcast_buffers(ema)
                 m_ema = evaluate(ema.module, val_batches(), device, dtype)
                 m.update({f"ema_{k}": m_ema[k] for k in ("loss", "acc1", "acc5")})
             log_eval(m, epoch, step)
@@ -601,7 +621,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
     stop.close()
     progress.close()
     if n_skipped:
-        print0(f"skipped {n_skipped} unreadable training images (listed above as warnings)")
+        print0(f"skipped {n_skipped} unreadable training image(s), listed above as warnings")
     if stopped:
         print0(
             f"stopped by {stop.received or 'a signal on another rank'} at step {step}; checkpoint saved, "
@@ -618,6 +638,10 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
 
 def worker(local_rank: int, args, nprocs: int, node_rank: int, world: int, dist_url: str, errors) -> None:
     """One spawned process: global rank = node rank x processes per node + local rank, as in main.py."""
+    import multiprocessing
+
+    # DataLoader workers start as in a torchrun rank (fork on Linux), not with mp.spawn's slow "spawn".
+    multiprocessing.set_start_method(multiprocessing.get_all_start_methods()[0], force=True)
     if not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // nprocs))  # CPU ranks share the cores
     try:
@@ -668,7 +692,7 @@ def spawn_workers(args: argparse.Namespace) -> None:
     try:
         while not ctx.join():
             pass
-    except mp.ProcessException as e:
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
         msgs = []
         while not errors.empty():
             msgs.append(errors.get())
@@ -676,7 +700,9 @@ def spawn_workers(args: argparse.Namespace) -> None:
             raise UserError("\nerror: ".join(dict.fromkeys(msgs))) from None
         if isinstance(e, mp.ProcessRaisedException):
             raise  # a bug: shows the worker's traceback
-        sys.exit(e.exit_code if e.exit_code > 0 else 1)  # e.g. 75 after a preemption, or a killed worker
+        if e.exit_code != PREEMPTED_EXIT_CODE:  # 75: stopped after a checkpoint (rank 0 said so)
+            print(f"{Path(__file__).name}: {e}", file=sys.stderr, flush=True)  # e.g. killed by a signal
+        sys.exit(e.exit_code if e.exit_code > 0 else 1)
 
 
 def cli() -> None:

@@ -1,0 +1,321 @@
+"""imagenet/train.py on CPU with gloo: tiny ImageFolders of real JPEGs, real launchers, numbers compared.
+
+The val set (25) and the train set (37) divide evenly neither by the ranks (2, 3) nor by the batch (4),
+so an evaluation that pads or drops images, or counts one twice, gives a different count.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import PY, REPO, free_port, make_jpeg_imagefolder, run, torchrun
+
+SCRIPT = str(REPO / "imagenet" / "train.py")
+N_TRAIN, N_VAL = 37, 25
+TINY = [
+    *("-a", "resnet18", "-b", "4", "-j", "1", "-p", "1", "--epochs", "2"),
+    *("--train-crop-size", "32", "--val-resize-size", "40", "--val-crop-size", "32"),
+]
+ENV = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+
+pytestmark = pytest.mark.slow
+
+
+def records(out: Path, split: str) -> list[dict]:
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["split"] == split]
+
+
+def ckpt(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def run_parallel(cmds: list[list[str]], env: dict | None = None, timeout: float = 240) -> list[subprocess.Popen]:
+    """Start all commands at once (they mostly wait on imports), wait for all; returns them with .out/.err."""
+    procs = [
+        subprocess.Popen(
+            c,
+            cwd=REPO,
+            env={**os.environ, **ENV, **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for c in cmds
+    ]
+    for p in procs:
+        p.out, p.err = p.communicate(timeout=timeout)
+    return procs
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    # 41 px images: resize/crop paths are exercised; 6 classes so top-5 is not trivially 100%.
+    return make_jpeg_imagefolder(tmp_path_factory.mktemp("inet"), {"train": N_TRAIN, "val": N_VAL}, classes=6, size=41)
+
+
+@pytest.fixture(scope="module")
+def runs(data, tmp_path_factory) -> dict:
+    """A: the pytorch/examples command line (mp.spawn, 2 CPU processes) stopped mid-epoch at step 3, then
+    resumed under torchrun to the end. B: the same training under torchrun, uninterrupted."""
+    root = tmp_path_factory.mktemp("runs")
+    a, b = root / "a", root / "b"
+    port = free_port()
+    examples = ["-a", "resnet18", "--dist-url", f"tcp://127.0.0.1:{port}", "--dist-backend", "gloo"]
+    examples += ["--multiprocessing-distributed", "--world-size", "1", "--rank", "0", str(data)]
+    extra = ["--nproc-per-node", "2", "--max-steps", "3", "--save-every-steps", "1", "--output-dir", str(a)]
+    p1 = run([PY, SCRIPT, *examples, *TINY, *extra])
+    snap = {"config": json.loads((a / "config.json").read_text()), "ckpt": ckpt(a / "last.pt"), "stdout": p1.stdout}
+    snap["train"], snap["val"] = records(a, "train"), records(a, "val")
+    p2 = torchrun(2, SCRIPT, str(data), *TINY, "--output-dir", a)
+    p3 = torchrun(2, SCRIPT, str(data), *TINY, "--output-dir", b)
+    return {"a": a, "b": b, "first": snap, "resumed_stdout": p2.stdout, "b_stdout": p3.stdout}
+
+
+def test_examples_command_line_spawns_cpu_processes(runs):
+    s = runs["first"]
+    assert (s["config"]["world_size"], s["config"]["launcher"], s["config"]["backend"]) == (2, "mp.spawn", "gloo")
+    assert s["config"]["global_batch"] == 8
+    assert [r["step"] for r in s["train"]] == [1, 2, 3]
+    assert all(r["img_per_s"] > 0 and r["loss"] > 0 for r in s["train"])
+    # Stopped by --max-steps in the middle of epoch 0 (4 steps of 2 x 4 images), then evaluated exactly.
+    assert (s["ckpt"]["epoch"], s["ckpt"]["step"], s["ckpt"]["batch_in_epoch"], s["ckpt"]["world_size"]) == (0, 3, 3, 2)
+    assert [(r["step"], r["count"]) for r in s["val"]] == [(3, N_VAL)]
+    assert not any(k.startswith(("module.", "_orig_mod.")) for k in s["ckpt"]["model"])
+    assert s["stdout"].count("global batch 8") == 1  # printed by rank 0 only
+
+
+def test_torchrun_two_processes(runs):
+    b = runs["b"]
+    cfg = json.loads((b / "config.json").read_text())
+    assert (cfg["world_size"], cfg["launcher"]) == (2, "torchrun")
+    assert [r["step"] for r in records(b, "train")] == list(range(1, 9))
+    assert [(r["epoch"], r["step"], r["count"]) for r in records(b, "val")] == [(1, 4, N_VAL), (2, 8, N_VAL)]
+    last = ckpt(b / "last.pt")
+    assert (last["epoch"], last["step"], last["batch_in_epoch"]) == (2, 8, 0)
+    assert (b / "best.pt").is_file()
+
+
+def test_checkpoint_from_mp_spawn_resumes_under_torchrun_exactly(runs):
+    a, b = runs["a"], runs["b"]
+    assert "resumed from" in runs["resumed_stdout"] and "step 3, batch 3" in runs["resumed_stdout"]
+    steps = [r["step"] for r in records(a, "train")]
+    assert steps == [1, 2, 3] + list(range(4, 9))  # continues counting, nothing repeated
+    assert json.loads((a / "config.json").read_text())["launcher"] == "torchrun"
+    # Same world size, same (seed, epoch) order, same per-sample augmentation: bit-identical weights.
+    wa, wb = ckpt(a / "last.pt"), ckpt(b / "last.pt")
+    assert wa["step"] == wb["step"] == 8
+    for k in wb["model"]:
+        assert torch.equal(wa["model"][k], wb["model"][k]), k
+    assert records(a, "train")[-1]["loss"] == records(b, "train")[-1]["loss"]
+    assert records(a, "val")[-1] == {**records(b, "val")[-1], "time": records(a, "val")[-1]["time"]}
+
+
+def test_exact_eval_identical_for_world_sizes_1_2_3(runs, data, tmp_path):
+    """-e --resume CKPT on 1 process (python) and 3 (mp.spawn) equals the 2-process (torchrun) eval of
+    the same weights at the end of training: each of the 25 images counted once, same numbers."""
+    last = runs["b"] / "last.pt"
+    cmds = [
+        [PY, SCRIPT, str(data), *TINY, "-e", "--resume", str(last), "--output-dir", str(tmp_path / "w1")],
+        [PY, SCRIPT, str(data), *TINY, "-e", "--resume", str(last), "--output-dir", str(tmp_path / "w3")]
+        + ["--multiprocessing-distributed", "--nproc-per-node", "3", "--dist-url", f"tcp://127.0.0.1:{free_port()}"],
+    ]
+    for p in run_parallel(cmds):
+        assert p.returncode == 0, p.err[-3000:]
+    ref = records(runs["b"], "val")[-1]
+    for w in ("w1", "w3"):
+        (r,) = records(tmp_path / w, "val")
+        assert (r["epoch"], r["step"], r["count"], r["checkpoint"]) == (2, 8, N_VAL, str(last))
+        assert (r["acc1"], r["acc5"]) == (ref["acc1"], ref["acc5"])
+        assert r["loss"] == pytest.approx(ref["loss"], rel=1e-6)
+    assert 0 < ref["acc5"] and ref["acc1"] <= ref["acc5"] <= 100
+
+
+def test_dummy_data_modern_recipe_resumes_bit_identical(tmp_path):
+    """--dummy batches are made as tensors, deterministic in (seed, step); mixup/cutmix and the EMA are
+    seeded per step and checkpointed, so 3 + 3 steps equal 6 steps exactly."""
+    args = [SCRIPT, "--dummy", "--dummy-sizes", "64", "11", *TINY, "--recipe", "modern"]
+    args += ["--mixup-alpha", "0.2", "--cutmix-alpha", "1.0", "--ema-decay", "0.9"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    for p in run_parallel([[PY, *args, "--max-steps", "6", "--output-dir", str(one)],
+                           [PY, *args, "--max-steps", "3", "--output-dir", str(two)]]):  # fmt: skip
+        assert p.returncode == 0, p.err[-3000:]
+    run([PY, *args, "--max-steps", "6", "--output-dir", str(two)])
+    a, b = ckpt(one / "last.pt"), ckpt(two / "last.pt")
+    assert a["step"] == b["step"] == 6
+    for key in ("model", "model_ema"):
+        for k in a[key]:
+            assert torch.equal(a[key][k], b[key][k]), (key, k)
+    ta, tb = records(one, "train"), records(two, "train")
+    assert [r["loss"] for r in ta] == [r["loss"] for r in tb]
+    assert [r["lr"] for r in ta] == [r["lr"] for r in tb]
+    assert ta[0]["lr"] < ta[-1]["lr"]  # warming up
+    (va,) = records(one, "val")
+    assert va["count"] == 11 and {"ema_acc1", "ema_loss"} <= va.keys()
+
+
+def test_resume_with_another_global_batch_keeps_the_epoch_position_and_rescales_lr(tmp_path):
+    """A checkpoint of 3 steps x 4 images resumed with -b 2 (as after a change of world size): the epoch
+    continues after the same 12 images (micro-batch 6 of 32), the step counter keeps counting, and the LR
+    follows the new global batch (linear scaling: half)."""
+    args = [PY, SCRIPT, "--dummy", "--dummy-sizes", "64", "5", *TINY, "--epochs", "1", "--output-dir", str(tmp_path)]
+    run([*args, "--max-steps", "3"])
+    first = records(tmp_path, "train")
+    p = run([*args, "-b", "2", "--max-steps", "5"])
+    assert "now 1 x 2; the epoch continues after the same images" in p.stdout
+    after = records(tmp_path, "train")[len(first) :]
+    assert [r["step"] for r in after] == [4, 5]
+    assert after[0]["lr"] == pytest.approx(first[-1]["lr"] / 2)
+    last = ckpt(tmp_path / "last.pt")
+    assert (last["step"], last["batch_in_epoch"], last["epoch"]) == (5, 8, 0)
+
+
+def test_sigterm_to_the_spawning_parent_checkpoints_and_exits_75(tmp_path):
+    """The parent of --multiprocessing-distributed forwards SIGTERM (Slurm preemption) to its workers,
+    which save last.pt at the next step boundary; the parent exits 75 (rerun to resume)."""
+    out = tmp_path / "o"
+    cmd = [PY, SCRIPT, "--dummy", "--dummy-sizes", "100000", "8", *TINY, "-j", "0", "--output-dir", str(out)]
+    cmd += ["--multiprocessing-distributed", "--nproc-per-node", "2"]
+    pipe = subprocess.PIPE
+    p = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **ENV}, stdout=pipe, stderr=pipe, text=True)
+    for line in p.stdout:  # wait until the workers train (their StopSignal is installed by then)
+        if line.startswith("step 1/"):
+            break
+    p.send_signal(signal.SIGTERM)
+    rest, err = p.communicate(timeout=120)
+    assert p.returncode == 75, err[-2000:]
+    last = ckpt(out / "last.pt")
+    assert f"stopped by SIGTERM at step {last['step']}; checkpoint saved" in rest
+    assert last["step"] >= 1 and last["batch_in_epoch"] == last["step"] and "Traceback" not in err
+
+
+@pytest.fixture(scope="module")
+def m():
+    """imagenet/train.py imported in-process, for what needs no subprocess (parsing, schedules, input checks)."""
+    spec = importlib.util.spec_from_file_location("imagenet_train", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_recipes_fill_unset_flags_and_schedules(m):
+    parse = lambda *a: m.apply_recipe(m.get_args_parser().parse_args(list(a)))  # noqa: E731
+    c = parse("DATA")
+    assert (c.lr, c.momentum, c.weight_decay, c.label_smoothing, c.lr_schedule, c.norm_bias_decay) == (
+        0.1, 0.9, 1e-4, 0.0, "step", True,
+    )  # fmt: skip
+    mo = parse("--recipe", "modern", "--lr", "0.5", "--dummy", "--wd", "0.01")
+    assert (mo.lr, mo.weight_decay, mo.momentum, mo.label_smoothing) == (0.5, 0.01, 0.875, 0.1)
+    assert mo.lr_schedule == "cosine" and mo.synthetic and not mo.norm_bias_decay
+    f = m.make_lr_fn(c, steps_per_epoch=10)  # classic: x0.1 every 30 epochs, like main.py
+    assert [f(0), f(299), f(300), f(599), f(600)] == pytest.approx([1, 1, 0.1, 0.1, 0.01])
+    f = m.make_lr_fn(parse("--recipe", "modern", "--epochs", "10"), steps_per_epoch=10)  # 5 epochs of warmup
+    assert [f(0), f(49), f(50)] == pytest.approx([1 / 50, 1, 1]) and f(99) < 0.01
+    assert parse("--learning-rate", "0.3", "--weight-decay", "0", "X").lr == 0.3
+
+
+def cli_error(m, monkeypatch, capsys, *argv) -> str:
+    """Run the script's CLI in-process the way __main__ does; return its one error line."""
+    monkeypatch.setattr(sys, "argv", [SCRIPT, *map(str, argv)])
+    with pytest.raises(SystemExit) as e:
+        m.run_cli(m.cli)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert e.value.code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_bad_inputs_in_process(m, data, tmp_path, monkeypatch, capsys):
+    empty, flat, mixed = tmp_path / "empty", tmp_path / "flat", tmp_path / "mixed"
+    empty.mkdir()
+    (flat / "train" / "n01440764").mkdir(parents=True)
+    (flat / "val").mkdir()
+    (flat / "val" / "ILSVRC2012_val_00000001.JPEG").write_bytes(b"")
+    (mixed / "train" / "a").mkdir(parents=True)
+    (mixed / "val" / "b").mkdir(parents=True)
+    bad = make_jpeg_imagefolder(tmp_path / "bad", {"train": 8, "val": 5}, classes=2, size=35)
+    (bad / "train" / "class0" / "00002.jpg").write_bytes(b"GIF89a, or not")
+    out = ("--output-dir", tmp_path / "out")
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))  # an empty hub cache
+    cases = {
+        "has no train/ folder": (empty,),
+        "has no class folders (ImageNet's val/ ships flat": (flat,),
+        "they must match; first difference: a": (mixed,),
+        "does not exist": (tmp_path / "nope",),
+        "DATA is required": (),
+        "no CUDA GPU": (data, "--gpu", "0"),
+        "several nodes need --dist-url": (data, "--multiprocessing-distributed", "--world-size", "2"),
+        "-e needs weights": (data, "-e", "--resume", "none"),
+        "--resume nope.pt: no such file": (data, "--resume", "nope.pt"),
+        "--pretrained: cannot download": ("--dummy", "--pretrained", "-a", "resnet18", "-e"),
+        "global batch 256 is larger than the 37": (data, "-a", "resnet18"),
+        f"unreadable image {bad / 'train' / 'class0' / '00002.jpg'} (not an image": (bad, *TINY, "-j", "0"),
+    }
+    for want, argv in cases.items():
+        assert want in cli_error(m, monkeypatch, capsys, *argv, *out)
+
+
+def test_bad_inputs_from_the_command_line(data, tmp_path):
+    """Exit code 2 and one `error:` line, no traceback, also when one worker of a distributed run finds a
+    corrupt JPEG (the other rank must neither hang nor add a traceback)."""
+    bad = make_jpeg_imagefolder(tmp_path / "bad", {"train": 8, "val": 5}, classes=2, size=35)
+    corrupt = bad / "train" / "class1" / "00003.jpg"
+    corrupt.write_bytes(b"not a jpeg")
+    spawn2 = ["-b", "2", "--multiprocessing-distributed", "--nproc-per-node", "2"]
+    cases = [
+        ("unknown --arch 'resnet9000' (did you mean", [str(data), "-a", "resnet9000"]),
+        (f"unreadable image {corrupt}", [str(bad), *TINY, *spawn2]),
+    ]
+    cmds = [[PY, SCRIPT, *a, "--output-dir", str(tmp_path / f"out{i}")] for i, (_, a) in enumerate(cases)]
+    for (want, a), p in zip(cases, run_parallel(cmds)):
+        errors = [ln for ln in p.err.splitlines() if ln.startswith("error:")]
+        assert p.returncode == 2, (a, p.returncode, p.err[-2000:])
+        assert len(errors) == 1 and want in errors[0], (a, p.err[-2000:])
+        assert "Traceback" not in p.err, (a, p.err[-2000:])
+
+
+def test_skip_bad_images_counts_and_reports(tmp_path):
+    d = make_jpeg_imagefolder(tmp_path / "d", {"train": 12, "val": 7}, classes=3, size=35)
+    (d / "train" / "class1" / "00004.jpg").write_bytes(b"not a jpeg")
+    jpg = d / "val" / "class2" / "00005.jpg"
+    jpg.write_bytes(jpg.read_bytes()[:200])  # truncated
+    p = run([PY, SCRIPT, str(d), *TINY, "--epochs", "1", "--skip-bad-images", "--output-dir", str(tmp_path / "o")])
+    assert "00004.jpg" in p.stderr and "00005.jpg" in p.stderr
+    assert records(tmp_path / "o", "train")[-1]["skipped_images"] == 1  # 12 images = 3 full steps: all seen
+    (v,) = records(tmp_path / "o", "val")
+    assert (v["count"], v["skipped"]) == (6, 1)
+
+
+def test_pretrained_weights_from_the_hub_cache_offline(m, tmp_path, monkeypatch):
+    import torchvision
+
+    cache = tmp_path / "th" / "hub" / "checkpoints"
+    cache.mkdir(parents=True)
+    torch.save(torchvision.models.resnet18().state_dict(), cache / "resnet18-f37072fd.pth")  # main.py's V1 file
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "th"))
+    out = tmp_path / "o"
+    argv = [SCRIPT, "--dummy", "--dummy-sizes", "8", "13", *TINY, "--pretrained", "-e", "--output-dir", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    m.cli()
+    (r,) = records(out, "val")
+    assert r["count"] == 13 and r["checkpoint"] == "ResNet18_Weights.IMAGENET1K_V1"
+
+
+def test_start_epoch_starts_the_schedule_there(m, tmp_path, monkeypatch):
+    """main.py's --start-epoch: epoch 30 of a step schedule starts at step 30 x 4 with the LR already x0.1."""
+    out = tmp_path / "o"
+    argv = [SCRIPT, "--dummy", "--dummy-sizes", "16", "4", *TINY, "-j", "0", "--epochs", "31", "--start-epoch", "30"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--output-dir", str(out)])
+    m.cli()
+    train = records(out, "train")
+    assert [r["step"] for r in train] == [121, 122, 123, 124] and {r["epoch"] for r in train} == {30}
+    assert all(r["lr"] == pytest.approx(0.1 * 4 / 256 * 0.1) for r in train)
+    assert ckpt(out / "last.pt")["epoch"] == 31
