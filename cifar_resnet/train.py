@@ -24,12 +24,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # find common/ when run as a script
-from common.checkpoint import load_checkpoint, load_model_state, resolve_resume, save_checkpoint
+from common.checkpoint import Position, resolve_resume, restore_training, save_checkpoint, set_schedule_position
 from common.data import ExactEvalSampler, ResumableDistributedSampler, SeededDataset, loader_generator, seed_worker
 from common.distributed import (
     add_dist_args,
     all_reduce_sum,
     barrier,
+    broadcast_buffers,
     cleanup_distributed,
     mix_seed,
     print0,
@@ -38,7 +39,16 @@ from common.distributed import (
 )
 from common.errors import UserError, run_cli
 from common.metrics import MetricsLogger, Progress, prepare_output_dir
-from common.utils import PREEMPTED_EXIT_CODE, StopSignal, amp_dtype, autocast, param_groups, warmup_cosine
+from common.utils import (
+    PREEMPTED_EXIT_CODE,
+    StopSignal,
+    amp_dtype,
+    autocast,
+    describe,
+    evaluate_classifier,
+    param_groups,
+    warmup_cosine,
+)
 
 T_START = time.time()
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
@@ -248,34 +258,6 @@ def build_model(arch: str) -> nn.Module:
     return model
 
 
-@torch.no_grad()
-def evaluate(model, batches, device, dtype, tta: bool) -> dict[str, float]:
-    """Exact metrics: every sample counted once over all ranks (sums are all-reduced)."""
-    model.eval()
-    sums, n = torch.zeros(3, device=device, dtype=torch.float64), 0  # loss, correct1, correct5 (no syncs in loop)
-    for x, y in batches:
-        with autocast(device, dtype):
-            logits = model(x).float()
-            if tta:
-                logits = (logits + model(torch.flip(x, dims=[3])).float()) / 2
-        top5 = logits.topk(5, dim=1).indices
-        sums += torch.stack(
-            [
-                F.cross_entropy(logits, y, reduction="sum").double(),
-                (top5[:, 0] == y).sum().double(),
-                (top5 == y[:, None]).any(dim=1).sum().double(),
-            ]
-        )
-        n += y.numel()
-    loss, c1, c5, n = all_reduce_sum(torch.cat([sums, sums.new_tensor([n])])).tolist()
-    model.train()
-    return {"loss": loss / max(n, 1), "acc1": 100 * c1 / max(n, 1), "acc5": 100 * c5 / max(n, 1), "count": int(n)}
-
-
-def describe(m: dict[str, float]) -> str:
-    return f"loss {m['loss']:.4f} acc1 {m['acc1']:.2f} acc5 {m['acc5']:.2f} ({m['count']} images)"
-
-
 # ------------------------------------------------------------------ main
 
 
@@ -379,57 +361,40 @@ def main(args: argparse.Namespace) -> None:
     optimizer = torch.optim.SGD(
         param_groups(model_without_ddp, args.weight_decay), lr=lr, momentum=args.momentum, nesterov=args.nesterov
     )
-    total_steps = args.epochs * steps_per_epoch
+    sched_steps = args.epochs * steps_per_epoch
     warmup = int(args.warmup_epochs * steps_per_epoch)
     if args.sched == "cosine":
-        lr_fn = functools.partial(warmup_cosine, warmup=warmup, total=total_steps)
+        lr_fn = functools.partial(warmup_cosine, warmup=warmup, total=sched_steps)
     else:  # one-cycle: linear up to the peak at 25%, linear down to 0
-        peak = max(1, int(0.25 * total_steps))
-        lr_fn = lambda s: min((s + 1) / peak, max(0.0, (total_steps - s) / (total_steps - peak)))  # noqa: E731
+        peak = max(1, int(0.25 * sched_steps))
+        lr_fn = lambda s: min((s + 1) / peak, max(0.0, (sched_steps - s) / (sched_steps - peak)))  # noqa: E731
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_fn)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
 
     # ---- resume (same command restarted by torchrun/Slurm continues where it stopped)
-    epoch, step, batch_in_epoch, best, wandb_id = 0, 0, 0, 0.0, None
-    ckpt_path = resolve_resume(args.resume, out)
+    pos, ckpt_path = Position(), resolve_resume(args.resume, out)
     if ckpt_path is not None:
-        ckpt = load_checkpoint(ckpt_path)
-        load_model_state(model_without_ddp, ckpt["model"], ckpt_path)
-        try:
-            optimizer.load_state_dict(ckpt["optimizer"])
-            scheduler.load_state_dict(ckpt["scheduler"])
-            scaler.load_state_dict(ckpt["scaler"])
-        except (KeyError, ValueError) as e:
-            raise UserError(f"checkpoint {ckpt_path} has no usable optimizer state ({e})") from None
-        epoch, step, batch_in_epoch, best = ckpt["epoch"], ckpt["step"], ckpt["batch_in_epoch"], ckpt["best_metric"]
-        wandb_id = ckpt.get("wandb_id")
-        print0(f"resumed from {ckpt_path}: epoch {epoch}, step {step}, batch {batch_in_epoch} of the epoch")
-        if ckpt.get("world_size") not in (None, info.world_size):
-            print0(
-                f"note: checkpoint was written with world size {ckpt['world_size']}, now {info.world_size}; "
-                "the data order from here on differs from an uninterrupted run"
-            )
+        pos, _ = restore_training(
+            ckpt_path,
+            model_without_ddp,
+            optimizer,
+            scheduler,
+            scaler,
+            world_size=info.world_size,
+            batch_size=args.batch_size,
+            accum_steps=args.accum_steps,
+        )
+    epoch, step, batch_in_epoch, best, wandb_id = pos.epoch, pos.step, pos.batch_in_epoch, pos.best_metric, pos.wandb_id
+    set_schedule_position(scheduler, epoch * steps_per_epoch + batch_in_epoch // args.accum_steps, lr)
 
     def save(name: str, keep_last: int = 0) -> None:
         if info.is_main:  # [DDP 4] only rank 0 writes, atomically
-            save_checkpoint(
-                {
-                    "model": model_without_ddp.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "scaler": scaler.state_dict(),
-                    "epoch": epoch,
-                    "step": step,
-                    "batch_in_epoch": batch_in_epoch,
-                    "best_metric": best,
-                    "args": vars(args),
-                    "world_size": info.world_size,
-                    "wandb_id": wandb_id,
-                },
-                out / name,
-                keep_last=keep_last,
-            )
+            state = dict(model=model_without_ddp.state_dict(), optimizer=optimizer.state_dict(),
+                         scheduler=scheduler.state_dict(), scaler=scaler.state_dict(), epoch=epoch, step=step,
+                         batch_in_epoch=batch_in_epoch, best_metric=best, args=vars(args),
+                         world_size=info.world_size, wandb_id=wandb_id)  # fmt: skip
+            save_checkpoint(state, out / name, keep_last=keep_last)
 
     logger = MetricsLogger(out, info, args.wandb)
     config = logger.write_config(
@@ -439,7 +404,7 @@ def main(args: argparse.Namespace) -> None:
     if args.evaluate:
         if ckpt_path is None:
             raise UserError("--evaluate needs a checkpoint: --resume PATH (or an output dir with last.pt)")
-        m = evaluate(model_without_ddp, eval_batches(), device, dtype, args.tta)
+        m = evaluate_classifier(model_without_ddp, eval_batches(), device, dtype, args.tta)
         logger.log({"split": eval_name, "epoch": epoch, "step": step, **m})
         print0(f"{ckpt_path} {eval_name}: {describe(m)}")
         return
@@ -447,6 +412,7 @@ def main(args: argparse.Namespace) -> None:
         f"{args.arch} on {n_train} images | {info.world_size} process(es) on {device.type} ({info.launcher}) | "
         f"global batch {global_batch} = {args.batch_size} x {info.world_size} x {args.accum_steps} | peak lr {lr:.4g}"
     )
+    total_steps = step + (args.epochs - epoch) * steps_per_epoch - batch_in_epoch // args.accum_steps
     max_steps = min(total_steps, args.max_steps or total_steps)
     progress = Progress(info, max_steps, step)
     stop = StopSignal()
@@ -506,7 +472,8 @@ def main(args: argparse.Namespace) -> None:
         if (epoch_done and (epoch % args.eval_every == 0 or epoch == args.epochs)) or (
             step >= max_steps and not stopped
         ):
-            m = evaluate(model_without_ddp, eval_batches(), device, dtype, args.tta)
+            broadcast_buffers(model_without_ddp)  # every rank evaluates rank 0's BN statistics, as saved
+            m = evaluate_classifier(model_without_ddp, eval_batches(), device, dtype, args.tta)
             logger.log({"split": eval_name, "epoch": epoch, "step": step, **m})
             progress.write(f"epoch {epoch} {eval_name}: {describe(m)}")
             if m["acc1"] > best:

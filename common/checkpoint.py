@@ -11,12 +11,15 @@ import pickle
 import random
 import re
 import tempfile
+import warnings
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from common.distributed import print0
 from common.errors import UserError
 
 _PREFIXES = ("module.", "_orig_mod.")
@@ -141,3 +144,70 @@ def resolve_resume(resume: str, output_dir: str | os.PathLike) -> Path | None:
     if not p.is_file():
         raise UserError(f"--resume {resume}: no such file")
     return p
+
+
+@dataclass
+class Position:
+    """Where training stands: what a checkpoint must record to continue exactly."""
+
+    epoch: int = 0
+    step: int = 0
+    batch_in_epoch: int = 0  # micro-batches of this epoch already done (a multiple of --accum-steps)
+    best_metric: float = 0.0
+    wandb_id: str | None = None
+
+
+def restore_training(
+    path: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    scaler: Any,
+    *,
+    world_size: int,
+    batch_size: int,
+    accum_steps: int,
+    extra: dict[str, Any] | None = None,
+) -> tuple[Position, dict[str, Any]]:
+    """Load a checkpoint into model, optimizer, scheduler, scaler (and ``extra`` objects by key).
+
+    If the world size or per-process batch changed, ``batch_in_epoch`` is converted so the epoch continues
+    after the same number of samples (the data order from there on differs from an uninterrupted run).
+    """
+    ckpt = load_checkpoint(path)
+    load_model_state(model, ckpt["model"], path)
+    try:
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+        scaler.load_state_dict(ckpt["scaler"])
+        for key, obj in (extra or {}).items():
+            if key in ckpt:
+                obj.load_state_dict(ckpt[key])
+    except (KeyError, ValueError, RuntimeError) as e:
+        raise UserError(f"checkpoint {path} has no usable optimizer state ({str(e)[:200]})") from None
+    pos = Position(ckpt["epoch"], ckpt["step"], ckpt["batch_in_epoch"], ckpt["best_metric"], ckpt.get("wandb_id"))
+    print0(f"resumed from {path}: epoch {pos.epoch}, step {pos.step}, batch {pos.batch_in_epoch} of the epoch")
+    old_world = ckpt.get("world_size", world_size)
+    old_micro = ckpt.get("args", {}).get("batch_size", batch_size) * old_world  # samples per micro-batch
+    if old_micro != batch_size * world_size:
+        pos.batch_in_epoch = pos.batch_in_epoch * old_micro // (batch_size * world_size)
+        pos.batch_in_epoch -= pos.batch_in_epoch % accum_steps
+        print0(
+            f"note: checkpoint written by {old_world} process(es) x {old_micro // old_world} samples, now "
+            f"{world_size} x {batch_size}; the epoch continues after the same samples, the LR follows the new "
+            "global batch, and the data order differs from an uninterrupted run"
+        )
+    return pos, ckpt
+
+
+def set_schedule_position(scheduler: Any, step: int, peak_lr: float) -> None:
+    """Put a LambdaLR at optimizer step ``step`` with this run's peak LR (no-op when already there).
+
+    Needed after a resume with another global batch (its saved base LR is stale) or a --start-epoch."""
+    if step == scheduler.last_epoch and all(b == peak_lr for b in scheduler.base_lrs):
+        return
+    scheduler.base_lrs = [peak_lr] * len(scheduler.base_lrs)
+    scheduler.last_epoch = step - 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": intended here
+        scheduler.step()

@@ -265,6 +265,16 @@ def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+@torch.no_grad()
+def broadcast_buffers(module: torch.nn.Module, src: int = 0) -> None:
+    """Give every rank rank ``src``'s buffers (BatchNorm running stats). DDP broadcasts them only at the start
+    of a forward, so after the last training step each rank holds its own; call before evaluating or the
+    ranks evaluate slightly different models, none of them exactly the one in the checkpoint."""
+    if is_dist():
+        for b in module.buffers():
+            dist.broadcast(b, src=src)
+
+
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     if not is_dist():
         return obj

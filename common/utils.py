@@ -10,8 +10,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
-from common.distributed import is_dist
+from common.distributed import all_reduce_sum, is_dist
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "stopped on a signal after saving; rerun the same command"
 
@@ -45,6 +46,41 @@ def param_groups(model: torch.nn.Module, weight_decay: float, skip_norm_bias: bo
         if p.requires_grad:
             (no_decay if skip_norm_bias and p.ndim <= 1 else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+@torch.no_grad()
+def evaluate_classifier(
+    model: torch.nn.Module, batches: Iterable, device: torch.device, dtype: torch.dtype | None, tta: bool = False
+) -> dict[str, float]:
+    """Exact metrics: every sample counted once over all ranks, sums all-reduced (loss, acc1, acc5, count).
+
+    ``batches`` yields ``(x, y)`` or ``(x, y, n_unreadable)`` (x may be None when a whole batch was unreadable).
+    Use the bare model (not DDP): ranks may hold different numbers of batches. No host syncs inside the loop.
+    """
+    model.eval()
+    sums = torch.zeros(5, device=device, dtype=torch.float64)  # loss, correct1, correct5, count, skipped
+    for x, y, *bad in batches:
+        if bad and bad[0]:
+            sums[4] += bad[0]
+        if x is None:
+            continue
+        with autocast(device, dtype):
+            logits = model(x).float()
+            if tta:  # average with the mirrored image
+                logits = (logits + model(torch.flip(x, dims=[3])).float()) / 2
+        hit = logits.topk(min(5, logits.shape[1]), dim=1).indices == y[:, None]  # (batch, k): right at rank j?
+        loss = F.cross_entropy(logits.double(), y, reduction="sum")
+        sums[:4] += torch.stack([loss, hit[:, 0].sum(), hit.any(dim=1).sum(), torch.full_like(loss, len(y))])
+    loss, c1, c5, n, bad = all_reduce_sum(sums).tolist()
+    model.train()
+    m = {"loss": loss / max(n, 1), "acc1": 100 * c1 / max(n, 1), "acc5": 100 * c5 / max(n, 1), "count": int(n)}
+    return {**m, "skipped": int(bad)} if bad else m
+
+
+def describe(m: dict[str, float]) -> str:
+    """One line for an evaluation result."""
+    skipped = f", {m['skipped']} unreadable skipped" if m.get("skipped") else ""
+    return f"loss {m['loss']:.4f} acc1 {m['acc1']:.2f} acc5 {m['acc5']:.2f} ({m['count']} images{skipped})"
 
 
 def count_params(params: Iterable[torch.nn.Parameter]) -> int:

@@ -21,27 +21,33 @@ import dataclasses
 import difflib
 import functools
 import os
-import signal
 import socket
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import PIL
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 import torchvision
 import torchvision.transforms as T
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # find common/ when run as a script
-from common.checkpoint import load_checkpoint, load_model_state, resolve_resume, save_checkpoint
+from common.checkpoint import (
+    Position,
+    load_checkpoint,
+    load_model_state,
+    resolve_resume,
+    restore_training,
+    save_checkpoint,
+    set_schedule_position,
+)
 from common.data import ExactEvalSampler, ResumableDistributedSampler, SeededDataset, loader_generator, seed_worker
 from common.distributed import (
     LaunchEnv,
     add_dist_args,
     all_reduce_sum,
+    broadcast_buffers,
     cleanup_distributed,
     detect_launcher,
     mix_seed,
@@ -51,7 +57,17 @@ from common.distributed import (
 )
 from common.errors import UserError, run_cli
 from common.metrics import MetricsLogger, Progress, prepare_output_dir
-from common.utils import PREEMPTED_EXIT_CODE, StopSignal, amp_dtype, autocast, param_groups, warmup_cosine
+from common.spawn import spawn
+from common.utils import (
+    PREEMPTED_EXIT_CODE,
+    StopSignal,
+    amp_dtype,
+    autocast,
+    describe,
+    evaluate_classifier,
+    param_groups,
+    warmup_cosine,
+)
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 # Defaults each recipe gives to the flags left unset (an explicit flag always wins).
@@ -285,36 +301,6 @@ def build_model(arch: str, num_classes: int, weights=None) -> nn.Module:
     return torchvision.models.get_model(arch, weights=weights, num_classes=num_classes, **kw)
 
 
-@torch.no_grad()
-def broadcast_buffers(module: nn.Module) -> None:
-    """Give every rank rank 0's buffers (BN running stats). DDP broadcasts them only at the start of a
-    forward, so after the last training step each rank holds its own; without this the ranks would
-    evaluate slightly different models, none of them exactly the one saved in the checkpoint."""
-    if torch.distributed.is_initialized():
-        for b in module.buffers():
-            torch.distributed.broadcast(b, src=0)
-
-
-@torch.no_grad()
-def evaluate(model, batches, device, dtype) -> dict[str, float]:
-    """Exact metrics: every val image counted once over all ranks (sums are all-reduced)."""
-    model.eval()
-    sums = torch.zeros(5, device=device, dtype=torch.float64)  # loss, correct1, correct5, count, skipped
-    for x, y, n_bad in batches:
-        sums[4] += n_bad
-        if x is None:
-            continue
-        with autocast(device, dtype):
-            logits = model(x).float()
-        hit = logits.topk(min(5, logits.shape[1]), dim=1).indices == y[:, None]  # (batch, k): right at rank j?
-        loss = F.cross_entropy(logits.double(), y, reduction="sum")
-        sums[:4] += torch.stack([loss, hit[:, 0].sum(), hit.any(dim=1).sum(), torch.full_like(loss, len(y))])
-    loss, c1, c5, n, bad = all_reduce_sum(sums).tolist()
-    model.train()
-    m = {"loss": loss / max(n, 1), "acc1": 100 * c1 / max(n, 1), "acc5": 100 * c5 / max(n, 1), "count": int(n)}
-    return {**m, "skipped": int(bad)} if bad else m
-
-
 # ------------------------------------------------------------------ main
 
 
@@ -435,18 +421,14 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
     def log_eval(m: dict, epoch: int, step: int, extra: dict | None = None) -> None:
         logger.log({"split": "val", "epoch": epoch, "step": step, **m, **(extra or {})})
         ema_txt = f" | ema acc1 {m['ema_acc1']:.2f}" if "ema_acc1" in m else ""
-        skip_txt = f", {m['skipped']} unreadable skipped" if "skipped" in m else ""
-        print0(
-            f"epoch {epoch} val: loss {m['loss']:.4f} acc1 {m['acc1']:.2f} acc5 {m['acc5']:.2f}{ema_txt} "
-            f"({m['count']} images{skip_txt})"
-        )
+        print0(f"epoch {epoch} val: {describe(m)}{ema_txt}")
 
     logger = MetricsLogger(out, info, args.wandb)
     if args.evaluate:  # -e: evaluate a checkpoint (or the pretrained weights) once and stop
         ckpt = load_checkpoint(ckpt_path) if ckpt_path is not None else {"epoch": 0, "step": 0}
         if ckpt_path is not None:
             load_model_state(model_without_ddp, ckpt["model"], ckpt_path)
-        m = evaluate(eval_model, val_batches(), device, dtype)
+        m = evaluate_classifier(eval_model, val_batches(), device, dtype)
         log_eval(m, ckpt["epoch"], ckpt["step"], {"checkpoint": str(ckpt_path or weights)})
         return
 
@@ -481,56 +463,22 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
 
     # ---- resume (same command restarted by torchrun/Slurm continues where it stopped)
-    epoch, step, batch_in_epoch, best, wandb_id = args.start_epoch, 0, 0, 0.0, None
+    pos = Position(epoch=args.start_epoch)
     if ckpt_path is not None:
-        ckpt = load_checkpoint(ckpt_path)
-        load_model_state(model_without_ddp, ckpt["model"], ckpt_path)
-        try:
-            optimizer.load_state_dict(ckpt["optimizer"])
-            scheduler.load_state_dict(ckpt["scheduler"])
-            scaler.load_state_dict(ckpt["scaler"])
-            if ema is not None and "model_ema" in ckpt:
-                ema.load_state_dict(ckpt["model_ema"])
-        except (KeyError, ValueError, RuntimeError) as e:
-            raise UserError(f"checkpoint {ckpt_path} has no usable optimizer state ({str(e)[:200]})") from None
-        epoch, step, batch_in_epoch, best = ckpt["epoch"], ckpt["step"], ckpt["batch_in_epoch"], ckpt["best_metric"]
-        wandb_id = ckpt.get("wandb_id")
-        print0(f"resumed from {ckpt_path}: epoch {epoch}, step {step}, batch {batch_in_epoch} of the epoch")
-        old_world = ckpt.get("world_size", info.world_size)
-        old_micro = ckpt["args"].get("batch_size", args.batch_size) * old_world  # images per micro-batch
-        if old_world != info.world_size or old_micro != args.batch_size * info.world_size:
-            batch_in_epoch = batch_in_epoch * old_micro // (args.batch_size * info.world_size)  # same images done
-            batch_in_epoch -= batch_in_epoch % args.accum_steps
-            print0(
-                f"note: checkpoint was written by {old_world} process(es) x {old_micro // old_world} images, now "
-                f"{info.world_size} x {args.batch_size}; the epoch continues after the same images, the LR follows "
-                "the new global batch, and the data order differs from an uninterrupted run"
-            )
-    pos = epoch * steps_per_epoch + batch_in_epoch // args.accum_steps  # where the LR schedule should be
-    if pos != scheduler.last_epoch or scheduler.base_lrs[0] != lr:  # --start-epoch, or another global batch
-        scheduler.base_lrs, scheduler.last_epoch = [lr] * len(optimizer.param_groups), pos - 1
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": intended here
-            scheduler.step()  # sets the LR of step `pos`, with this run's peak LR
-        step = step or pos  # main.py's --start-epoch also counts the skipped epochs' steps
+        pos, _ = restore_training(ckpt_path, model_without_ddp, optimizer, scheduler, scaler,
+                                  world_size=info.world_size, batch_size=args.batch_size,
+                                  accum_steps=args.accum_steps, extra={"model_ema": ema} if ema else None)  # fmt: skip
+    epoch, step, batch_in_epoch, best, wandb_id = pos.epoch, pos.step, pos.batch_in_epoch, pos.best_metric, pos.wandb_id
+    at = epoch * steps_per_epoch + batch_in_epoch // args.accum_steps  # where the LR schedule should be
+    set_schedule_position(scheduler, at, lr)
+    step = step or at  # main.py's --start-epoch also counts the skipped epochs' steps
 
     def save(name: str, keep_last: int = 0) -> None:
         if info.is_main:  # [DDP 4] only global rank 0 writes (not every node's local rank 0), atomically
-            state = {
-                "model": model_without_ddp.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "scaler": scaler.state_dict(),
-                "epoch": epoch,
-                "step": step,
-                "batch_in_epoch": batch_in_epoch,
-                "best_metric": best,
-                "args": vars(args),
-                "world_size": info.world_size,
-                "wandb_id": wandb_id,
-                "arch": args.arch,
-                "num_classes": num_classes,
-            }
+            state = dict(model=model_without_ddp.state_dict(), optimizer=optimizer.state_dict(),
+                         scheduler=scheduler.state_dict(), scaler=scaler.state_dict(), epoch=epoch, step=step,
+                         batch_in_epoch=batch_in_epoch, best_metric=best, args=vars(args), world_size=info.world_size,
+                         wandb_id=wandb_id, arch=args.arch, num_classes=num_classes)  # fmt: skip
             save_checkpoint({**state, **({"model_ema": ema.state_dict()} if ema else {})}, out / name, keep_last)
 
     config = logger.write_config(
@@ -606,11 +554,11 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
         if (epoch_done and (epoch % args.eval_every == 0 or epoch == args.epochs)) or (
             step >= max_steps and not stopped
         ):
-            broadcast_buffers(model_without_ddp)
-            m = evaluate(eval_model, val_batches(), device, dtype)
+            broadcast_buffers(model_without_ddp)  # every rank evaluates rank 0's BN statistics, as saved
+            m = evaluate_classifier(eval_model, val_batches(), device, dtype)
             if ema is not None:
                 broadcast_buffers(ema)
-                m_ema = evaluate(ema.module, val_batches(), device, dtype)
+                m_ema = evaluate_classifier(ema.module, val_batches(), device, dtype)
                 m.update({f"ema_{k}": m_ema[k] for k in ("loss", "acc1", "acc5")})
             log_eval(m, epoch, step)
             if m["acc1"] > best:
@@ -633,83 +581,13 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
     logger.close()
 
 
-# ------------------------------------------------------------------ pytorch/examples launch mode
-
-
-def worker(local_rank: int, args, nprocs: int, node_rank: int, world: int, dist_url: str, errors) -> None:
-    """One spawned process: global rank = node rank x processes per node + local rank, as in main.py."""
-    import multiprocessing
-
-    # DataLoader workers start as in a torchrun rank (fork on Linux), not with mp.spawn's slow "spawn".
-    multiprocessing.set_start_method(multiprocessing.get_all_start_methods()[0], force=True)
-    if not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // nprocs))  # CPU ranks share the cores
-    try:
-        main(args, LaunchEnv("mp.spawn", node_rank * nprocs + local_rank, local_rank, world, dist_url))
-    except UserError as e:
-        errors.put(str(e))  # the parent prints each distinct error once
-        sys.exit(2)
-    finally:
-        cleanup_distributed()
-
-
-def spawn_workers(args: argparse.Namespace) -> None:
-    """main.py's --multiprocessing-distributed: start one process per GPU (or --nproc-per-node on CPU)."""
-    import logging
-
-    import torch.multiprocessing as mp
-
-    if "TORCHELASTIC_RUN_ID" in os.environ:
-        raise UserError("--multiprocessing-distributed starts its own processes: drop it under torchrun")
-    if args.dist_url == "env://":  # main.py reads the node count and node rank from the environment
-        args.world_size = args.world_size if args.world_size > 0 else int(os.environ.get("WORLD_SIZE", 1))
-        args.rank = args.rank if args.rank >= 0 else int(os.environ.get("RANK", 0))
-    nodes, node_rank = max(args.world_size, 1), max(args.rank, 0)
-    nprocs = args.nproc_per_node or torch.cuda.device_count() or 1
-    if nodes > 1 and (args.rank < 0 or not args.dist_url):
-        raise UserError("several nodes need --dist-url tcp://NODE0_ADDR:PORT and --rank NODE_RANK on every node")
-    if node_rank >= nodes:
-        raise UserError(f"--rank {args.rank} is a node rank and must be below --world-size {nodes} (nodes)")
-    if not args.dist_url:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            args.dist_url = f"tcp://127.0.0.1:{s.getsockname()[1]}"
-    if args.pretrained and (err := fetch_weights(args)):  # once per node, before the workers need it
-        raise UserError(err)
-    errors = mp.get_context("spawn").SimpleQueue()
-    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)  # no "Terminating process" noise
-    ctx = mp.spawn(
-        worker, args=(args, nprocs, node_rank, nodes * nprocs, args.dist_url, errors), nprocs=nprocs, join=False
-    )
-
-    def forward(signum, frame):  # preemption: every worker checkpoints at its next step and exits 75
-        for proc in ctx.processes:
-            if proc.is_alive():
-                os.kill(proc.pid, signum)
-
-    for sig in (signal.SIGTERM, signal.SIGUSR2):
-        signal.signal(sig, forward)
-    try:
-        while not ctx.join():
-            pass
-    except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
-        msgs = []
-        while not errors.empty():
-            msgs.append(errors.get())
-        if msgs:
-            raise UserError("\nerror: ".join(dict.fromkeys(msgs))) from None
-        if isinstance(e, mp.ProcessRaisedException):
-            raise  # a bug: shows the worker's traceback
-        if e.exit_code != PREEMPTED_EXIT_CODE:  # 75: stopped after a checkpoint (rank 0 said so)
-            print(f"{Path(__file__).name}: {e}", file=sys.stderr, flush=True)  # e.g. killed by a signal
-        sys.exit(e.exit_code if e.exit_code > 0 else 1)
-
-
 def cli() -> None:
     args = apply_recipe(get_args_parser().parse_args())
     check_args(args)
     if args.multiprocessing_distributed:
-        return spawn_workers(args)
+        if args.pretrained and (err := fetch_weights(args)):  # once per node, before the workers need it
+            raise UserError(err)
+        return spawn(main, args, args.nproc_per_node or torch.cuda.device_count() or 1)
     try:
         main(args)
     finally:

@@ -170,7 +170,7 @@ def test_resume_with_another_global_batch_keeps_the_epoch_position_and_rescales_
     run([*args, "--max-steps", "3"])
     first = records(tmp_path, "train")
     p = run([*args, "-b", "2", "--max-steps", "5"])
-    assert "now 1 x 2; the epoch continues after the same images" in p.stdout
+    assert "now 1 x 2; the epoch continues after the same samples" in p.stdout
     after = records(tmp_path, "train")[len(first) :]
     assert [r["step"] for r in after] == [4, 5]
     assert after[0]["lr"] == pytest.approx(first[-1]["lr"] / 2)

@@ -1,0 +1,255 @@
+"""GPU JPEG data path for ImageFolder training (issue 7, ``--gpu-decode``).
+
+A Pillow pipeline decodes about 150-300 images/s per CPU core, so 16 cores feed one GPU less than it trains.
+Here DataLoader workers only read files and draw each sample's random crop; decoding (nvJPEG, through
+``torchvision.io.decode_jpeg``), crop, resize, flip and normalize run batched on the device:
+
+    loader = DataLoader(EncodedImages(ds.samples, seed), batch_size, sampler=..., collate_fn=collate_encoded)
+    to_device = GpuTransform(device, crop_size=224)  # evaluation: GpuTransform(device, 224, resize_size=256)
+    for batch in loader:
+        x, y, bad = to_device(batch)  # bad: ["PATH (why)", ...] for files that could not be decoded
+
+The augmentation equals the CPU path's sample by sample, not only in distribution: sample ``(epoch, i)`` draws
+its box and flip from a generator seeded with ``mix_seed(seed, epoch, i)``, with the same calls in the same
+order as ``SeededDataset`` + ``RandomResizedCrop`` + ``RandomHorizontalFlip``. Only the resize kernel differs
+(torch's antialiased bilinear against Pillow's; tests/test_gpu_decode.py measures the difference).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import PIL.Image
+import torch
+import torch.nn.functional as F
+import torchvision
+from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+
+from common.distributed import mix_seed
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+Box = tuple[int, int, int, int, bool]  # top, left, height, width, flip
+RGB = ImageReadMode.RGB  # grayscale and CMYK files come out as 3 channels, as with Pillow's convert("RGB")
+# torchvision 0.29 deprecates its image codecs in favour of TorchCodec; they still work, so keep logs clean.
+warnings.filterwarnings("ignore", "The image decoding and encoding capabilities of TorchVision", DeprecationWarning)
+
+
+def random_resized_crop_box(
+    height: int, width: int, g: torch.Generator, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)
+) -> tuple[int, int, int, int]:
+    """``T.RandomResizedCrop.get_params`` drawing from ``g`` instead of the global RNG. The same torch calls in
+    the same order (float32 log/exp included), so the same generator state gives the same box."""
+    area = height * width
+    log_ratio = torch.log(torch.tensor(ratio))
+    for _ in range(10):
+        target_area = area * torch.empty(1).uniform_(scale[0], scale[1], generator=g).item()
+        aspect_ratio = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1], generator=g)).item()
+        w = int(round(math.sqrt(target_area * aspect_ratio)))
+        h = int(round(math.sqrt(target_area / aspect_ratio)))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(torch.randint(0, height - h + 1, size=(1,), generator=g).item())
+            left = int(torch.randint(0, width - w + 1, size=(1,), generator=g).item())
+            return top, left, h, w
+    in_ratio = width / height  # ten misses: the centre crop, clamped to the ratio range
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        w, h = int(round(height * max(ratio))), height
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+class EncodedImages(torch.utils.data.Dataset):
+    """ImageFolder ``samples`` -> ``(path, label, file bytes, box, error)``.
+
+    A key ``(epoch, i)`` (from ``ResumableDistributedSampler``) also draws sample i's crop box and flip, seeded
+    like ``common.data.SeededDataset``; a plain index (evaluation) draws nothing. The workers draw, not the
+    training process: the ~15 small torch calls per sample would otherwise run on the one Python thread that
+    drives the GPU. The image size comes from the file header, which PIL reads without decoding.
+    """
+
+    def __init__(self, samples: Sequence[tuple[str, int]], seed: int = 0, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+        self.samples, self.seed, self.scale, self.ratio = samples, seed, scale, ratio
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[str, int, torch.Tensor | None, Box | None, str | None]:
+        epoch, i = key if isinstance(key, tuple) else (None, key)
+        path, label = self.samples[i]
+        try:
+            data = torchvision.io.read_file(path)  # 1-D uint8 tensor of the file's bytes
+            if epoch is None:
+                return path, label, data, None, None
+            with PIL.Image.open(io.BytesIO(data.numpy())) as im:
+                width, height = im.size
+        except (OSError, RuntimeError) as e:  # missing, unreadable, or not an image PIL can identify
+            return path, label, None, None, f"{path} ({str(e).splitlines()[0][:120]})"
+        g = torch.Generator().manual_seed(mix_seed(self.seed, epoch, i))
+        box = random_resized_crop_box(height, width, g, self.scale, self.ratio)
+        flip = torch.rand(1, generator=g).item() < 0.5  # RandomHorizontalFlip's draw, right after the crop's
+        return path, label, data, (*box, flip), None
+
+
+@dataclass
+class EncodedBatch:
+    data: torch.Tensor  # all files of the batch end to end: one shared-memory block per batch, not one per file
+    sizes: list[int]  # bytes per file
+    labels: torch.Tensor  # (n,) int64
+    paths: list[str]  # to name the file when decoding fails
+    whole_jpeg: list[bool]  # for nvJPEG; the others decode on the CPU (see decode)
+    boxes: list[Box | None]  # None for evaluation
+    bad: list[str]  # "PATH (why)" of the files the worker could not read
+
+    def files(self) -> list[torch.Tensor]:
+        return list(self.data.split(self.sizes))  # views, no copies
+
+    def pin_memory(self) -> EncodedBatch:
+        # DataLoader(pin_memory=True) calls this. Pinned labels reach the GPU without a stream sync; the file
+        # bytes stay pageable, since nvJPEG parses them on the host anyway.
+        self.labels = self.labels.pin_memory()
+        return self
+
+
+def _whole_jpeg(data: torch.Tensor) -> bool:
+    """Starts with a JPEG SOI marker and has the EOI marker in its last KB. Entropy-coded data never holds
+    FF D9 (an FF there is followed by 00 or a restart marker), so a file cut short fails this."""
+    b = data.numpy()
+    return len(b) > 4 and b[0] == 0xFF and b[1] == 0xD8 and b[-1024:].tobytes().rfind(b"\xff\xd9") >= 0
+
+
+def collate_encoded(samples: list[tuple[str, int, torch.Tensor | None, Box | None, str | None]]) -> EncodedBatch:
+    good = [s for s in samples if s[4] is None]
+    return EncodedBatch(
+        data=torch.cat([s[2] for s in good]) if good else torch.empty(0, dtype=torch.uint8),
+        sizes=[len(s[2]) for s in good],
+        labels=torch.tensor([s[1] for s in good], dtype=torch.int64),
+        paths=[s[0] for s in good],
+        whole_jpeg=[_whole_jpeg(s[2]) for s in good],
+        boxes=[s[3] for s in good],
+        bad=[s[4] for s in samples if s[4] is not None],
+    )
+
+
+def _why(e: Exception) -> str:
+    # "decode_jpeg, /path/to/decode_jpeg.cpp:171, Image is incomplete or truncated" -> its last part, first sentence
+    return re.sub(r"^\w+, \S+:\d+, ", "", str(e).splitlines()[0]).split(". ")[0][:120]
+
+
+def decode(batch: EncodedBatch, device: torch.device | str) -> tuple[list[torch.Tensor], list[int], list[str]]:
+    """Decode to (3, H, W) uint8 images on ``device``; returns (images, their indices in the batch, bad).
+
+    Whole JPEGs go to one batched ``decode_jpeg`` call. The rest decode on the CPU with ``decode_image``:
+    a PNG under a .JPEG name (ImageNet has one) is not an error, just slower, and a file cut short must
+    fail as with Pillow, where nvJPEG returns an image without a word. If the batched call fails, each file
+    is decoded alone, on the CPU where the device refuses it (ImageNet's CMYK files?); what fails on both is
+    "PATH (why)" in ``bad``.
+    """
+    files, device, bad = batch.files(), torch.device(device), list(batch.bad)
+    images: dict[int, torch.Tensor] = {}
+    batched = [k for k, whole in enumerate(batch.whole_jpeg) if whole]
+    if batched:
+        try:
+            images.update(zip(batched, decode_jpeg([files[k] for k in batched], device=device, mode=RGB)))
+        except RuntimeError:
+            pass
+    for k in (k for k in range(len(files)) if k not in images):
+        try:
+            images[k] = _decode_one(files[k], device, batch.whole_jpeg[k])
+        except RuntimeError as e:
+            bad.append(f"{batch.paths[k]} ({_why(e)})")
+    keep = sorted(images)
+    return [images[k] for k in keep], keep, bad
+
+
+def _decode_one(data: torch.Tensor, device: torch.device, whole_jpeg: bool) -> torch.Tensor:
+    if whole_jpeg:
+        try:
+            return decode_jpeg(data, device=device, mode=RGB)
+        except RuntimeError:
+            pass  # the CPU decoder may still read it, or says better why not
+    img = decode_image(data, mode=RGB)
+    # pinned, so the copy is queued on the stream instead of waiting for it
+    return img.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else img
+
+
+class GpuTransform:
+    """Decode an ``EncodedBatch`` on ``device`` and augment it there. Returns ``(x, y, bad)`` like
+    imagenet/train.py's ``collate``: x (n, 3, S, S) normalized float32 (channels_last if asked) and y (n,) on
+    the device, without the files listed in ``bad``; x and y are None when no file is left.
+
+    Training (``resize_size=None``): crop each image to its box, resize to crop_size², flip where drawn.
+    Evaluation: resize the shorter side to ``resize_size``, keep the centre crop_size² (T.Resize + T.CenterCrop).
+    Per batch it queues device work and copies no constants; the one wait is inside nvJPEG (see __call__).
+    """
+
+    def __init__(
+        self,
+        device: torch.device | str,
+        crop_size: int,
+        resize_size: int | None = None,
+        channels_last: bool = True,
+        mean: Sequence[float] = MEAN,
+        std: Sequence[float] = STD,
+    ):
+        if resize_size is not None and resize_size < crop_size:
+            raise ValueError(f"resize_size {resize_size} < crop_size {crop_size} (T.CenterCrop would pad)")
+        self.device, self.size, self.resize_size = torch.device(device), crop_size, resize_size
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        # (x / 255 - mean) / std == x * scale + shift: one fused kernel, constants copied to the device once
+        mean_t, std_t = torch.tensor(mean).view(1, 3, 1, 1), torch.tensor(std).view(1, 3, 1, 1)
+        self.scale = (1 / (255 * std_t)).to(self.device)
+        self.shift = (-mean_t / std_t).to(self.device)
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+
+    def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor | None, torch.Tensor | None, list[str]]:
+        # torchvision's CUDA decode_jpeg returns only when the work queued on the current stream is done too
+        # (measured on an H200: queued behind 430 ms of matmuls, it returned after 433 ms), so on the training
+        # stream each step would wait for the previous one. On a side stream it waits for its own ~9 ms per 256
+        # images, while the GPU goes on with the step queued before.
+        with torch.cuda.stream(self.stream):  # no-op for None (CPU)
+            x, y, bad = self._run(batch)
+        if self.stream is not None and x is not None and y is not None:
+            main = torch.cuda.current_stream(self.device)
+            main.wait_stream(self.stream)
+            x.record_stream(main)  # made on the side stream, used on the main one: keep the allocator off them
+            y.record_stream(main)
+        return x, y, bad
+
+    def _run(self, batch: EncodedBatch) -> tuple[torch.Tensor | None, torch.Tensor | None, list[str]]:
+        images, keep, bad = decode(batch, self.device)
+        if not images:
+            return None, None, bad
+        if self.resize_size is None:
+            crops = [self._train_crop(img, batch.boxes[k]) for img, k in zip(images, keep)]
+        else:
+            crops = [self._eval_crop(img) for img in images]
+        x = torch.cat(crops)  # float, 0..255
+        out = torch.empty(x.shape, device=self.device, memory_format=self.memory_format)
+        torch.addcmul(self.shift, x, self.scale, out=out)  # normalize and change layout in one pass
+        labels = batch.labels if len(keep) == len(batch.labels) else batch.labels[keep]
+        return out, labels.to(self.device, non_blocking=True), bad
+
+    def _resize(self, img: torch.Tensor, h: int, w: int) -> torch.Tensor:
+        # antialias=True is torch's port of Pillow's filter; Pillow rounds to uint8 after it, we stay in float
+        return F.interpolate(img[None].float(), size=(h, w), mode="bilinear", antialias=True, align_corners=False)
+
+    def _train_crop(self, img: torch.Tensor, box: Box | None) -> torch.Tensor:
+        if box is None:
+            raise ValueError("a training GpuTransform needs boxes: index EncodedImages with (epoch, i) keys")
+        top, left, h, w, flip = box
+        out = self._resize(img[:, top : top + h, left : left + w], self.size, self.size)
+        return out.flip(-1) if flip else out
+
+    def _eval_crop(self, img: torch.Tensor) -> torch.Tensor:
+        h, w = img.shape[-2:]  # known on the host without a sync, also for images decoded on the GPU
+        r = self.resize_size
+        nh, nw = (int(r * h / w), r) if w <= h else (r, int(r * w / h))  # T.Resize(int): long side truncated
+        top, left = int(round((nh - self.size) / 2.0)), int(round((nw - self.size) / 2.0))  # T.CenterCrop
+        return self._resize(img, nh, nw)[..., top : top + self.size, left : left + self.size]
