@@ -124,3 +124,20 @@ def test_checkpoint_from_other_arch_is_refused(tmp_path):
         check=False,
     )
     assert p.returncode == 2 and "does not fit this model" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_resume_under_another_world_size_continues_the_epoch(tmp_path, tiny_imagefolder):
+    """1 process x 4 images for 2 steps, then 2 processes x 4: the epoch continues after the same 8 images
+    (micro-batch 1 of 5), the step counter keeps counting, and the LR follows the doubled global batch."""
+    cmd = ["cifar_resnet/train.py", "--data-dir", tiny_imagefolder, "--epochs", "2", "-j", "0", "--output-dir", tmp_path,
+           "--warmup-epochs", "0", *TINY]  # fmt: skip
+    run([PY, *cmd, "--max-steps", "2"])
+    p = torchrun(2, *cmd)
+    assert "note: checkpoint written by 1 process(es) x 4 samples, now 2 x 4" in p.stdout
+    train = [r for r in records(tmp_path) if r["split"] == "train"]
+    assert [r["step"] for r in train] == list(range(1, 12))  # 2 + (5 - 1) + 5
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["peak_lr"] == pytest.approx(2 * 0.2 * 4 / 512)
+    assert train[2]["lr"] > train[1]["lr"]  # jumped to the new peak (cosine, no warmup)
+    last = torch.load(tmp_path / "last.pt", weights_only=True)
+    assert (last["epoch"], last["batch_in_epoch"], last["step"]) == (2, 0, 11)
