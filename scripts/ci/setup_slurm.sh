@@ -15,8 +15,8 @@
 # Environment (defaults):
 #   SLURM_CI_DIR=/tmp/slurm-ci  SLURM_CI_CPUS=2  SLURM_CI_CTLD_PORT=6817  SLURM_CI_D_PORT=6818
 set -euo pipefail
-
-usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-2}"; }
+# shellcheck source-path=SCRIPTDIR source=../lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
 DIR=${SLURM_CI_DIR:-/tmp/slurm-ci}
 CPUS=${SLURM_CI_CPUS:-2}
@@ -28,10 +28,10 @@ case "${1:-}" in
   "") ;;
   --stop) ACTION=stop ;;
   --status) ACTION=status ;;
-  -h|--help) usage 0 ;;
-  *) echo "error: unknown argument $1" >&2; usage 2 ;;
+  -h|--help) usage; exit 0 ;;
+  *) usage_error "unknown argument $1" ;;
 esac
-[ $# -le 1 ] || usage 2
+[ $# -le 1 ] || usage_error "one argument at most"
 
 answers() { [ -f "$CONF" ] && SLURM_CONF=$CONF timeout 10 sinfo -h -o '%T' 2>/dev/null | grep -qE '^(idle|mixed|allocated)'; }
 
@@ -82,6 +82,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
 ReturnToService=2
+SlurmdParameters=config_overrides
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool
 SlurmctldPidFile=$DIR/slurmctld.pid

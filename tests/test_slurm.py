@@ -1,0 +1,129 @@
+"""scripts/slurm/ on a real single-node Slurm cluster (slurmctld + slurmd + munged on this machine).
+
+The module fixture starts the cluster with scripts/ci/setup_slurm.sh unless it already answers; if
+the daemons cannot start here, every test in this file is skipped with the reason. Jobs train
+cifar_resnet/train.py through tests/helpers/spy_train.py (see test_launchers.py for what is checked).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PY, REPO, make_cifar_pickles, run
+from tests.test_launchers import check_run, train
+
+pytestmark = pytest.mark.slow
+CONF = Path(os.environ.get("SLURM_CI_DIR", "/tmp/slurm-ci")) / "slurm.conf"
+NAME = "pytest-launchers"  # every job here has this name; leftovers of an interrupted run are cancelled
+
+
+@pytest.fixture(scope="module")
+def slurm_env():
+    env = {"SLURM_CONF": str(CONF), "PYTHON": PY, "OMP_NUM_THREADS": "1"}
+    if run(["scripts/ci/setup_slurm.sh", "--status"], check=False, timeout=60).returncode != 0:
+        p = run(["scripts/ci/setup_slurm.sh"], check=False, timeout=600)
+        if p.returncode != 0:
+            pytest.skip(f"no local Slurm cluster: scripts/ci/setup_slurm.sh failed: {(p.stderr + p.stdout)[-600:]}")
+    run(["scancel", f"--name={NAME}"], env=env)
+    yield env
+    run(["scancel", f"--name={NAME}"], env=env)
+
+
+@pytest.fixture(scope="module")
+def cifar_dir(tmp_path_factory) -> Path:
+    return make_cifar_pickles(tmp_path_factory.mktemp("cifar"), n_train=64, n_test=16)
+
+
+def sbatch(env: dict, log: Path, *args: str) -> str:
+    cmd = ["sbatch", "--parsable", f"--job-name={NAME}", f"--output={log}", *args]
+    return run(cmd, env=env).stdout.strip().split(";")[0]
+
+
+def job(env: dict, job_id: str) -> dict[str, str]:
+    out = run(["scontrol", "-o", "show", "job", job_id], env=env).stdout
+    return dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
+
+
+def wait_for(env: dict, job_id: str, done, timeout: float = 180) -> dict[str, str]:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        info = job(env, job_id)
+        if done(info):
+            return info
+        time.sleep(0.3)
+    subprocess.run(["scancel", job_id], env={**os.environ, **env})
+    raise AssertionError(f"job {job_id} still {info.get('JobState')} ({info.get('Reason')}) after {timeout:.0f}s")
+
+
+def finished(env: dict, job_id: str, log: Path, timeout: float = 180) -> str:
+    info = wait_for(env, job_id, lambda i: i["JobState"] not in ("PENDING", "RUNNING", "CONFIGURING"), timeout)
+    text = log.read_text() if log.exists() else "(no log)"
+    assert info["JobState"] == "COMPLETED", f"job {job_id} {info['JobState']} {info.get('ExitCode')}\n{text[-4000:]}"
+    return text
+
+
+def train_steps(out: Path) -> list[int]:
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [r["step"] for r in map(json.loads, lines) if r["split"] == "train"]
+
+
+@pytest.mark.parametrize(
+    "script, sbatch_args, launcher",
+    [
+        ("scripts/slurm/sbatch_srun.sh", ["--nodes=1", "--ntasks-per-node=2"], "slurm"),
+        ("scripts/slurm/sbatch_torchrun.sh", ["--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=2"], "torchrun"),
+    ],
+    ids=["srun-per-process", "srun-torchrun"],
+)
+def test_sbatch_preempted_requeues_and_resumes(slurm_env, tmp_path, cifar_dir, script, sbatch_args, launcher):
+    """SIGUSR2 to the batch script (what --signal=B:USR2@180 sends before the time limit): the tasks save
+    and stop, the job requeues itself, and the second start continues from the checkpoint to the end."""
+    env = {**slurm_env, "NPROC_PER_NODE": "2"}
+    log, out = tmp_path / "job.log", tmp_path / "run"
+    job_id = sbatch(env, log, *sbatch_args, script, *train(out, cifar_dir, 12))
+    t0 = time.time()
+    while not (out / "metrics.jsonl").exists() or len(train_steps(out)) < 2:
+        assert time.time() - t0 < 120 and job(env, job_id)["JobState"] in ("PENDING", "RUNNING"), log.read_text()
+        time.sleep(0.2)
+    run(["scancel", "--batch", "--signal=USR2", job_id], env=env)
+    wait_for(env, job_id, lambda i: (i["JobState"], i["Restarts"], i["Reason"]) == ("PENDING", "1", "BeginTime"), 120)
+    stopped_at = train_steps(out)[-1]
+    assert 2 <= stopped_at < 12
+    # Slurm holds a requeued job ~2 min (BeginTime); release it now. Not within the same second as the
+    # requeue, or slurmd refuses the launch ("Job credential revoked").
+    time.sleep(2)
+    run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env)
+    text = finished(env, job_id, log)
+    assert "SIGUSR2: asking the tasks" in text and f"requeueing job {job_id}" in text
+    assert f"job {job_id} (restart 1)" in text and f"resumed from {out / 'last.pt'}: epoch 0, step {stopped_at}" in text
+    assert train_steps(out) == list(range(1, 13)), "the requeued run must continue, not start over"
+    check_run(out, 2, launcher, steps=12)
+
+
+def test_helper_sh_runs_torchrun_on_every_node(slurm_env, tmp_path, cifar_dir):
+    """The Palmetto-style helper.sh under srun, one task per node: MASTER_HOST PROJECT_DIR NODES GPUS EPOCHS."""
+    log, out = tmp_path / "job.log", tmp_path / "run"
+    args = [socket.gethostname(), str(REPO), "1", "2", "1", *train(out, cifar_dir)]
+    cmd = " ".join(["srun", "scripts/slurm/helper.sh", *args])
+    job_id = sbatch(slurm_env, log, "--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=2", f"--wrap={cmd}")
+    text = finished(slurm_env, job_id, log)
+    assert f"--rdzv-id={job_id}" in text
+    check_run(out, 2, "torchrun")
+    assert json.loads((out / "config.json").read_text())["epochs"] == 1  # EPOCHS reached the script
+
+
+def test_launch_legacy_under_srun(slurm_env, tmp_path, cifar_dir):
+    """launch_legacy.sh as one srun task per node: node rank from SLURM_NODEID, master from the node list."""
+    log, out = tmp_path / "job.log", tmp_path / "run"
+    cmd = " ".join(["srun", "scripts/launch_legacy.sh", "--nproc-per-node", "2", *train(out, cifar_dir)])
+    job_id = sbatch(slurm_env, log, "--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=2", f"--wrap={cmd}")
+    text = finished(slurm_env, job_id, log)
+    assert f"--node-rank=0 --nproc-per-node=2 --master-addr={socket.gethostname()}" in text
+    check_run(out, 2, "torchrun")
