@@ -9,7 +9,7 @@ echo "== doctor"; torchrun --standalone --nproc_per_node=2 -m common.doctor --si
 echo "== two torchrun agents, one GPU each"
 for n in 0 1; do CUDA_VISIBLE_DEVICES=$n scripts/torchrun_multinode.sh --nnodes 2 --nproc-per-node 1 --master 127.0.0.1:29700 --rdzv-id twonode cifar_resnet/train.py --synthetic --gpu-data -b 256 --epochs 2 -p 10 --output-dir /tmp/mn > /tmp/mn$n.log 2>&1 & done; wait
 grep -h "process(es)\|done" /tmp/mn0.log /tmp/mn1.log; python3 -c "import json;c=json.load(open('/tmp/mn/config.json'));print('world', c['world_size'], c['launcher'], c['backend'])"
-I=(imagenet/train.py --dummy -a resnet50 -b 256 --max-steps 100 -p 10 --resume none)
+I=(imagenet/train.py --dummy -a resnet50 -b 256 --max-steps 60 -p 10 --resume none)
 rn50() {  # rn50 TAG AMP-FLAGS...: 1 GPU, then 2 GPUs
   local tag=$1; shift
   echo "== resnet50 --dummy 1 GPU $tag"; CUDA_VISIBLE_DEVICES=0 python3 "${I[@]}" "$@" --output-dir "/tmp/i1$tag" > "/tmp/i1$tag.log" 2>&1; med "/tmp/i1$tag/metrics.jsonl"

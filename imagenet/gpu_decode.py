@@ -23,6 +23,7 @@ import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import PIL.Image
 import torch
@@ -65,13 +66,26 @@ def random_resized_crop_box(
     return (height - h) // 2, (width - w) // 2, h, w
 
 
+class Encoded(NamedTuple):
+    path: str
+    label: int
+    data: torch.Tensor | None  # the file's bytes, 1-D uint8; None if unreadable
+    box: Box | None  # training only
+    nvjpeg: bool  # for nvJPEG, else for the CPU decoder (see EncodedImages)
+    error: str | None  # "PATH (why)" if unreadable
+
+
 class EncodedImages(torch.utils.data.Dataset):
-    """ImageFolder ``samples`` -> ``(path, label, file bytes, box, error)``.
+    """ImageFolder ``samples`` -> ``Encoded`` samples: file bytes, and what the worker learnt from the header.
 
     A key ``(epoch, i)`` (from ``ResumableDistributedSampler``) also draws sample i's crop box and flip, seeded
     like ``common.data.SeededDataset``; a plain index (evaluation) draws nothing. The workers draw, not the
-    training process: the ~15 small torch calls per sample would otherwise run on the one Python thread that
-    drives the GPU. The image size comes from the file header, which PIL reads without decoding.
+    training process: the ~15 small torch calls (40-70 us) per sample would otherwise cost 10-18 ms per batch
+    of 256 on the one Python thread that drives the GPU.
+
+    PIL reads the header without decoding: the size, and whether nvJPEG can take the file. A PNG under a
+    .JPEG name and CMYK JPEGs (ImageNet has both) go to the CPU decoder rather than failing nvJPEG's batch,
+    and so does a JPEG without its end marker, because nvJPEG decodes a file cut short without a word.
     """
 
     def __init__(self, samples: Sequence[tuple[str, int]], seed: int = 0, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
@@ -80,21 +94,29 @@ class EncodedImages(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, key: int | tuple[int, int]) -> tuple[str, int, torch.Tensor | None, Box | None, str | None]:
+    def __getitem__(self, key: int | tuple[int, int]) -> Encoded:
         epoch, i = key if isinstance(key, tuple) else (None, key)
         path, label = self.samples[i]
         try:
-            data = torchvision.io.read_file(path)  # 1-D uint8 tensor of the file's bytes
-            if epoch is None:
-                return path, label, data, None, None
+            data = torchvision.io.read_file(path)
             with PIL.Image.open(io.BytesIO(data.numpy())) as im:
-                width, height = im.size
+                (width, height), nvjpeg = im.size, im.format == "JPEG" and im.mode in ("RGB", "L")
         except (OSError, RuntimeError) as e:  # missing, unreadable, or not an image PIL can identify
-            return path, label, None, None, f"{path} ({str(e).splitlines()[0][:120]})"
+            why = "not an image PIL can identify" if isinstance(e, PIL.UnidentifiedImageError) else str(e)
+            return Encoded(path, label, None, None, False, f"{path} ({why.splitlines()[0][:120]})")
+        nvjpeg = nvjpeg and _has_end_marker(data)
+        if epoch is None:
+            return Encoded(path, label, data, None, nvjpeg, None)
         g = torch.Generator().manual_seed(mix_seed(self.seed, epoch, i))
         box = random_resized_crop_box(height, width, g, self.scale, self.ratio)
         flip = torch.rand(1, generator=g).item() < 0.5  # RandomHorizontalFlip's draw, right after the crop's
-        return path, label, data, (*box, flip), None
+        return Encoded(path, label, data, (*box, flip), nvjpeg, None)
+
+
+def _has_end_marker(data: torch.Tensor) -> bool:
+    # EOI (FF D9) in the last KB: entropy-coded data never holds it (an FF there is followed by 00 or a
+    # restart marker), so a file cut short fails this while one with a few trailing bytes passes
+    return data[-1024:].numpy().tobytes().rfind(b"\xff\xd9") >= 0
 
 
 @dataclass
@@ -103,7 +125,7 @@ class EncodedBatch:
     sizes: list[int]  # bytes per file
     labels: torch.Tensor  # (n,) int64
     paths: list[str]  # to name the file when decoding fails
-    whole_jpeg: list[bool]  # for nvJPEG; the others decode on the CPU (see decode)
+    nvjpeg: list[bool]  # for nvJPEG; the others decode on the CPU
     boxes: list[Box | None]  # None for evaluation
     bad: list[str]  # "PATH (why)" of the files the worker could not read
 
@@ -117,23 +139,16 @@ class EncodedBatch:
         return self
 
 
-def _whole_jpeg(data: torch.Tensor) -> bool:
-    """Starts with a JPEG SOI marker and has the EOI marker in its last KB. Entropy-coded data never holds
-    FF D9 (an FF there is followed by 00 or a restart marker), so a file cut short fails this."""
-    b = data.numpy()
-    return len(b) > 4 and b[0] == 0xFF and b[1] == 0xD8 and b[-1024:].tobytes().rfind(b"\xff\xd9") >= 0
-
-
-def collate_encoded(samples: list[tuple[str, int, torch.Tensor | None, Box | None, str | None]]) -> EncodedBatch:
-    good = [s for s in samples if s[4] is None]
+def collate_encoded(samples: list[Encoded]) -> EncodedBatch:
+    good = [s for s in samples if s.data is not None]
     return EncodedBatch(
-        data=torch.cat([s[2] for s in good]) if good else torch.empty(0, dtype=torch.uint8),
-        sizes=[len(s[2]) for s in good],
-        labels=torch.tensor([s[1] for s in good], dtype=torch.int64),
-        paths=[s[0] for s in good],
-        whole_jpeg=[_whole_jpeg(s[2]) for s in good],
-        boxes=[s[3] for s in good],
-        bad=[s[4] for s in samples if s[4] is not None],
+        data=torch.cat([s.data for s in good]) if good else torch.empty(0, dtype=torch.uint8),
+        sizes=[len(s.data) for s in good],
+        labels=torch.tensor([s.label for s in good], dtype=torch.int64),
+        paths=[s.path for s in good],
+        nvjpeg=[s.nvjpeg for s in good],
+        boxes=[s.box for s in good],
+        bad=[s.error for s in samples if s.error is not None],
     )
 
 
@@ -145,15 +160,13 @@ def _why(e: Exception) -> str:
 def decode(batch: EncodedBatch, device: torch.device | str) -> tuple[list[torch.Tensor], list[int], list[str]]:
     """Decode to (3, H, W) uint8 images on ``device``; returns (images, their indices in the batch, bad).
 
-    Whole JPEGs go to one batched ``decode_jpeg`` call. The rest decode on the CPU with ``decode_image``:
-    a PNG under a .JPEG name (ImageNet has one) is not an error, just slower, and a file cut short must
-    fail as with Pillow, where nvJPEG returns an image without a word. If the batched call fails, each file
-    is decoded alone, on the CPU where the device refuses it (ImageNet's CMYK files?); what fails on both is
-    "PATH (why)" in ``bad``.
+    The files nvJPEG can take go to one batched ``decode_jpeg`` call, the rest to the CPU's ``decode_image``
+    (libjpeg, libpng). If the batched call fails, its files are decoded one by one to find the bad one, on
+    the CPU where the device refuses a file; what fails there too is "PATH (why)" in ``bad``.
     """
     files, device, bad = batch.files(), torch.device(device), list(batch.bad)
     images: dict[int, torch.Tensor] = {}
-    batched = [k for k, whole in enumerate(batch.whole_jpeg) if whole]
+    batched = [k for k, ok in enumerate(batch.nvjpeg) if ok]
     if batched:
         try:
             images.update(zip(batched, decode_jpeg([files[k] for k in batched], device=device, mode=RGB)))
@@ -161,15 +174,15 @@ def decode(batch: EncodedBatch, device: torch.device | str) -> tuple[list[torch.
             pass
     for k in (k for k in range(len(files)) if k not in images):
         try:
-            images[k] = _decode_one(files[k], device, batch.whole_jpeg[k])
+            images[k] = _decode_one(files[k], device, batch.nvjpeg[k])
         except RuntimeError as e:
             bad.append(f"{batch.paths[k]} ({_why(e)})")
     keep = sorted(images)
     return [images[k] for k in keep], keep, bad
 
 
-def _decode_one(data: torch.Tensor, device: torch.device, whole_jpeg: bool) -> torch.Tensor:
-    if whole_jpeg:
+def _decode_one(data: torch.Tensor, device: torch.device, nvjpeg: bool) -> torch.Tensor:
+    if nvjpeg and device.type == "cuda":
         try:
             return decode_jpeg(data, device=device, mode=RGB)
         except RuntimeError:

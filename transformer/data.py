@@ -4,7 +4,7 @@
     train_tokenizer  joint BPE (or WordLevel) over the training split, as a `tokenizers` Tokenizer
     TokenBudgetBatchSampler  length-bucketed batches of at most --max-tokens padded tokens per process,
                      the same number of batches on every rank, every pair once per epoch, resumable
-    collate          pad a list of (src_ids, tgt_ids) into (src, tgt_in, tgt_out) tensors
+    collate          pad a list of ParallelDataset pairs into (src, tgt_in, tgt_out) tensors
 
 Token ids 0-3 are the special tokens of every tokenizer made here: <pad> <unk> <s> </s>.
 A source is `ids + </s>`; the decoder reads `<s> + ids` and predicts `ids + </s>`.
@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset, Sampler
 
 from common.distributed import DistInfo, broadcast_object, mix_seed, print0
@@ -41,7 +42,9 @@ def load_corpus(args, info: DistInfo) -> Splits:
             splits = read_saved_dataset(path, args.lang_src, args.lang_tgt)
         elif path.is_dir():
             splits = read_text_dir(path, args.lang_src, args.lang_tgt)
-        elif path.exists() or args.data.startswith(("/", ".", "~")) or args.data.count("/") > 1:
+        elif path.exists():
+            raise UserError(f"--data {args.data} is a file; give the directory that holds train.{args.lang_src}[.gz]")
+        elif args.data.startswith(("/", ".", "~")) or args.data.count("/") > 1:
             raise UserError(
                 f"--data {args.data}: no such directory (expected a dir with train.{args.lang_src}[.gz] and "
                 f"train.{args.lang_tgt}[.gz], a save_to_disk dir, or a Hugging Face dataset name)"
@@ -150,9 +153,9 @@ def _load_hub(name: str, config: str | None, src: str, tgt: str) -> Splits:
             "(or use a local directory of {split}.{lang} files)"
         ) from None
     offline_hint = (
-        "offline or the Hub is unreachable: use a local directory (--data DIR with train.{src}, train.{tgt}, ...) "
+        f"offline or the Hub is unreachable: use a local directory (--data DIR with train.{src}, train.{tgt}, ...) "
         "or a dataset already in the cache with HF_DATASETS_OFFLINE=1"
-    ).format(src=src, tgt=tgt)
+    )
     try:
         if config is None:  # opus_books style: one config per language pair, in either order
             configs = datasets.get_dataset_config_names(name)
@@ -199,7 +202,9 @@ def _pairs_from_columns(ds, src: str, tgt: str, where: str) -> tuple[list[str], 
         rows = ds["translation"]
         langs = sorted(rows[0]) if len(rows) else []
         if len(rows) and not (src in rows[0] and tgt in rows[0]):
-            raise UserError(f"{where} has languages {', '.join(langs)}, not {src} and {tgt} (set --lang-src/--lang-tgt)")
+            raise UserError(
+                f"{where} has languages {', '.join(langs)}, not {src} and {tgt} (set --lang-src/--lang-tgt)"
+            )
         return [r[src] for r in rows], [r[tgt] for r in rows]
     if src in cols and tgt in cols:
         return list(ds[src]), list(ds[tgt])
@@ -246,6 +251,15 @@ def train_tokenizer(kind: str, sentences: list[str], vocab_size: int):
     return tok
 
 
+def shared_tokenizer(args, train: tuple[list[str], list[str]], info: DistInfo) -> str:
+    """Rank 0 trains the tokenizer on the training pairs (both sides); every rank gets its JSON string.
+
+    The broadcast is also the barrier: the other ranks wait while rank 0 trains, and need no shared disk.
+    """
+    tok_json = train_tokenizer(args.tokenizer, train[0] + train[1], args.vocab_size).to_str() if info.is_main else None
+    return broadcast_object(tok_json)
+
+
 def encode(tok, sentences: list[str]) -> list[list[int]]:
     return [e.ids for e in tok.encode_batch(sentences, add_special_tokens=False)]
 
@@ -263,32 +277,37 @@ def tokenizers_done_forking() -> None:
 
 
 class ParallelDataset(Dataset):
-    """Pair i as two lists of token ids (no specials yet: `collate` adds them)."""
+    """Pair i as two int64 tensors: source `ids + </s>` and target `<s> + ids + </s>`.
+
+    Made once up front, so that collating a batch is two calls into C++ (no Python loop per token).
+    """
 
     def __init__(self, src: list[list[int]], tgt: list[list[int]]):
-        self.src, self.tgt = src, tgt
+        self.src = [torch.tensor(s + [EOS]) for s in src]
+        self.tgt = [torch.tensor([BOS] + t + [EOS]) for t in tgt]
 
     def __len__(self) -> int:
         return len(self.src)
 
-    def __getitem__(self, i: int) -> tuple[list[int], list[int]]:
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.src[i], self.tgt[i]
 
 
 def pad_batch(seqs: list[list[int]]) -> torch.Tensor:
     """(B, max len) int64, right-padded with <pad>."""
-    out = torch.full((len(seqs), max(map(len, seqs))), PAD, dtype=torch.long)
-    for row, s in zip(out, seqs):
-        row[: len(s)] = torch.tensor(s, dtype=torch.long)
-    return out
+    return pad_sequence([torch.tensor(s) for s in seqs], batch_first=True, padding_value=PAD)
 
 
-def collate(pairs: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> src (B, S) = ids + </s>; tgt_in (B, T) = <s> + ids; tgt_out (B, T) = ids + </s>."""
-    src = pad_batch([s + [EOS] for s, _ in pairs])
-    tgt_in = pad_batch([[BOS] + t for _, t in pairs])
-    tgt_out = pad_batch([t + [EOS] for _, t in pairs])
-    return src, tgt_in, tgt_out
+def collate(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> src (B, S); tgt_in (B, T) = <s> ids; tgt_out (B, T) = ids </s>, all right-padded.
+
+    The decoder reads tgt[:, :-1] and predicts tgt[:, 1:]. In a row shorter than the longest, tgt_in
+    also holds its </s>, but only at a position whose target is <pad> (no loss), and the causal mask
+    keeps it from every earlier position.
+    """
+    src = pad_sequence([s for s, _ in pairs], batch_first=True, padding_value=PAD)
+    tgt = pad_sequence([t for _, t in pairs], batch_first=True, padding_value=PAD)
+    return src, tgt[:, :-1], tgt[:, 1:]
 
 
 def token_batches(order: list[int], lengths: list[int], max_tokens: int) -> list[list[int]]:
@@ -320,8 +339,9 @@ class TokenBudgetBatchSampler(Sampler):
       2. cut into batches of at most `max_tokens` padded tokens (the longer of source and target);
       3. split the largest batches until the count is a multiple of world_size x accum, so every
          rank does the same number of optimizer steps (no DDP hang) and no pair is dropped or repeated;
-      4. group world_size x accum neighbouring batches into one optimizer step (similar work on every
-         rank) and shuffle the order of the steps. Rank r takes batches r*accum ... r*accum+accum-1.
+      4. shuffle the batches and deal them out, world_size x accum per optimizer step: a step mixes
+         lengths (less gradient noise than one length bucket per step), and as every batch holds about
+         max_tokens tokens the ranks still do similar work. Rank r takes batches r*accum ... r*accum+accum-1.
     The batch count is the same every epoch (the sorted lengths are). `set_epoch(e, skip=k)` skips
     this rank's first k batches, to resume mid-epoch.
     """
@@ -356,8 +376,8 @@ class TokenBudgetBatchSampler(Sampler):
             j = max(range(len(batches)), key=lambda k: len(batches[k]))  # the most pairs (ties: first)
             b = batches[j]
             batches[j : j + 1] = [b[: len(b) // 2], b[len(b) // 2 :]]
-        steps = [batches[k : k + self.group] for k in range(0, len(batches), self.group)]
-        return [steps[k] for k in torch.randperm(len(steps), generator=g).tolist()]
+        batches = [batches[k] for k in torch.randperm(len(batches), generator=g).tolist()]
+        return [batches[k : k + self.group] for k in range(0, len(batches), self.group)]
 
     def set_epoch(self, epoch: int, skip: int = 0) -> None:
         self.epoch, self.skip = epoch, skip

@@ -147,12 +147,13 @@ class Transformer(nn.Module):
             x = layer(x, src_mask)
         return self.enc_norm(x), src_mask
 
-    def decode(self, tgt_in, memory, src_mask):
-        """tgt_in (B, T) -> logits (B, T, V) for the next token at every position."""
+    def decode(self, tgt_in, memory, src_mask, last_only: bool = False):
+        """tgt_in (B, T) -> logits (B, T, V) for the next token at every position ((B, 1, V) if last_only)."""
         x = self.embed_tokens(tgt_in)
         for layer in self.decoder:
             x = layer(x, memory, src_mask)
-        return F.linear(self.dec_norm(x), self.embed.weight)  # tied output layer
+        x = self.dec_norm(x[:, -1:] if last_only else x)  # generation needs only the newest position's logits
+        return F.linear(x, self.embed.weight)  # tied output layer
 
     def forward(self, src, tgt_in):  # (B, S), (B, T) -> (B, T, V)
         memory, src_mask = self.encode(src)
@@ -181,7 +182,7 @@ def generate(model: Transformer, src: torch.Tensor, beam: int = 1, max_len: int 
     scores = torch.zeros(B, K, device=src.device)  # summed log-probs of each hypothesis
     scores[:, 1:] = -math.inf  # at the start all K rows are the same prefix: keep one
     for _ in range(max_len):
-        logits = model.decode(ys, memory, src_mask)[:, -1].float()  # (B*K, V)
+        logits = model.decode(ys, memory, src_mask, last_only=True)[:, -1].float()  # (B*K, V)
         if K == 1:
             nxt = torch.where(done, PAD, logits.argmax(-1))
             ys = torch.cat([ys, nxt[:, None]], 1)

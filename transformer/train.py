@@ -51,11 +51,13 @@ from transformer.data import (
     decode,
     encode,
     load_corpus,
+    shared_tokenizer,
     token_batches,
     tokenizers_done_forking,
-    train_tokenizer,
 )
 from transformer.model import PRESETS, ModelConfig, Transformer, translate_ids
+
+T_START = time.time()
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -101,6 +103,7 @@ def get_args_parser() -> argparse.ArgumentParser:
         "--amp", choices=("auto", "bf16", "fp16", "none"), default="auto", help="auto: bf16 on GPU, off on CPU"
     )
     g = p.add_argument_group("evaluation")
+    g.add_argument("-e", "--evaluate", action="store_true", help="only evaluate the checkpoint given by --resume")
     g.add_argument("--beam", type=int, default=1, help="beam size for BLEU decoding (1: greedy)")
     g.add_argument("--eval-every", type=int, default=1, help="evaluate every N epochs (and at the end)")
     g.add_argument("--samples", type=int, default=3, help="sample translations to print at each evaluation")
@@ -122,6 +125,15 @@ def inverse_sqrt(step: int, warmup: int) -> float:
     return min(step / warmup, (warmup / step) ** 0.5) if warmup > 0 else step**-0.5
 
 
+def bleu_signature() -> str:
+    """sacreBLEU's signature for the settings evaluate() uses (it needs one scored corpus to exist)."""
+    from sacrebleu.metrics import BLEU
+
+    bleu = BLEU()
+    bleu.corpus_score(["a"], [["a"]])
+    return str(bleu.get_signature())
+
+
 @torch.no_grad()
 def evaluate(model, data, tok, args, info, dtype) -> dict:
     """Loss and sacreBLEU over the whole split: each pair on one rank, the hypotheses gathered on rank 0.
@@ -136,9 +148,10 @@ def evaluate(model, data, tok, args, info, dtype) -> dict:
     model.eval()
     mine = list(ExactEvalSampler(len(src_ids), info.rank, info.world_size))  # rank r: r, r+W, r+2W, ...
     lengths = [max(len(src_ids[i]), len(tgt_ids[i])) + 1 for i in range(len(src_ids))]
+    pairs = ParallelDataset(src_ids, tgt_ids)
     sums = torch.zeros(2, device=device, dtype=torch.float64)  # summed NLL, target tokens
     for batch in token_batches(sorted(mine, key=lengths.__getitem__), lengths, args.max_tokens):
-        src, tgt_in, tgt_out = (t.to(device) for t in collate([(src_ids[i], tgt_ids[i]) for i in batch]))
+        src, tgt_in, tgt_out = (t.to(device) for t in collate([pairs[i] for i in batch]))
         with autocast(device, dtype):
             logits = model(src, tgt_in)
         nll = F.cross_entropy(logits.float().flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, reduction="sum")
@@ -169,13 +182,15 @@ def evaluate(model, data, tok, args, info, dtype) -> dict:
 def main(args: argparse.Namespace) -> None:
     if args.max_tokens <= 0 or args.accum_steps <= 0 or args.beam <= 0:
         raise UserError("--max-tokens, --accum-steps and --beam must be positive")
+    if not 0 < args.max_len < ModelConfig.max_positions:
+        raise UserError(f"--max-len must be in 1..{ModelConfig.max_positions - 1} (the model's positions)")
     if args.max_len > args.max_tokens:
         raise UserError(f"--max-len {args.max_len} > --max-tokens {args.max_tokens}: a long pair would not fit")
-    for pkg in ("tokenizers", "sacrebleu"):
-        try:
-            __import__(pkg)
-        except ImportError:
-            raise UserError(f"this script needs the {pkg} package (pip install {pkg})") from None
+    try:
+        import sacrebleu  # noqa: F401  (imported where used; checked here so a missing one fails before training)
+        from tokenizers import Tokenizer
+    except ImportError as e:
+        raise UserError(f"this script needs the {e.name} package (pip install {e.name})") from None
     # [DDP 1] init the process group (torchrun, Slurm, MPI, --dist-url or none) and pick this rank's device.
     info = setup_distributed(args)
     device = info.device
@@ -193,18 +208,9 @@ def main(args: argparse.Namespace) -> None:
     print0(", ".join(f"{k}: {len(v[0])} pairs" for k, v in splits.items()) + f" ({src_lang}->{tgt_lang})")
 
     # ---- tokenizer: trained on the training split by rank 0, sent to the others, kept in every checkpoint
-    from tokenizers import Tokenizer
-
-    if ckpt is not None:
-        if "tokenizer" not in ckpt:
-            raise UserError(f"checkpoint {ckpt_path} has no tokenizer (not from transformer/train.py?)")
-        tok_json = ckpt["tokenizer"]
-    else:
-        tok_json = None
-        if info.is_main:
-            tok_json = train_tokenizer(args.tokenizer, splits["train"][0] + splits["train"][1], args.vocab_size)
-            tok_json = tok_json.to_str()
-        tok_json = broadcast_object(tok_json)  # also the barrier: the others wait for rank 0's training
+    if ckpt is not None and "tokenizer" not in ckpt:
+        raise UserError(f"checkpoint {ckpt_path} has no tokenizer (not from transformer/train.py?)")
+    tok_json = ckpt["tokenizer"] if ckpt is not None else shared_tokenizer(args, splits["train"], info)
     if info.is_main:
         (out / "tokenizer.json").write_text(tok_json)
     tok = Tokenizer.from_str(tok_json)
@@ -215,7 +221,9 @@ def main(args: argparse.Namespace) -> None:
     keep = [i for i, (s, t) in enumerate(zip(*ids["train"])) if max(len(s), len(t)) + 1 <= args.max_len]
     n_long = len(ids["train"][0]) - len(keep)
     train_src, train_tgt = [ids["train"][0][i] for i in keep], [ids["train"][1][i] for i in keep]
-    print0(f"vocab {tok.get_vocab_size()} ({args.tokenizer}); dropped {n_long} training pairs over {args.max_len} tokens")
+    print0(
+        f"vocab {tok.get_vocab_size()} ({args.tokenizer}); dropped {n_long} training pairs over {args.max_len} tokens"
+    )
     limit = ModelConfig.max_positions - 1  # the decoder also needs room for <s>
     eval_sets = {
         k: ([s[:limit] for s in ids[k][0]], [t[:limit] for t in ids[k][1]], *splits[k])
@@ -285,13 +293,16 @@ def main(args: argparse.Namespace) -> None:
         epoch, step, batch_in_epoch, best = ckpt["epoch"], ckpt["step"], ckpt["batch_in_epoch"], ckpt["best_metric"]
         wandb_id = ckpt.get("wandb_id")
         print0(f"resumed from {ckpt_path}: epoch {epoch}, step {step}, batch {batch_in_epoch} of the epoch")
-        if ckpt.get("world_size") not in (None, info.world_size):
+        old_ws, old_accum = ckpt.get("world_size"), ckpt["args"].get("accum_steps")
+        if (old_ws, old_accum) != (info.world_size, args.accum_steps):
+            # Another world size or accumulation cuts epochs into other batches, so "skip the first k" would
+            # repeat some pairs and miss others: continue from the start of the next epoch instead.
             print0(
-                f"note: checkpoint was written with world size {ckpt['world_size']}, now {info.world_size}; "
-                "the data order from here on differs from an uninterrupted run"
+                f"note: checkpoint was written with world size {old_ws} x accum {old_accum}, now "
+                f"{info.world_size} x {args.accum_steps}; continuing at the next epoch boundary "
+                "(the data order differs from an uninterrupted run)"
             )
-            batch_in_epoch = 0  # another world size cuts the epoch differently: start its next epoch
-            epoch += ckpt["batch_in_epoch"] > 0
+            epoch, batch_in_epoch = epoch + (batch_in_epoch > 0), 0
         del ckpt
 
     def save(name: str, keep_last: int = 0) -> None:
@@ -328,6 +339,7 @@ def main(args: argparse.Namespace) -> None:
             "dropped_long_pairs": n_long,
             "steps_per_epoch": steps_per_epoch,
             "max_tokens_per_step": args.max_tokens * info.world_size * args.accum_steps,
+            "bleu_signature": bleu_signature(),
         },
     )
     wandb_id = logger.start_wandb("transformer", config, wandb_id)
@@ -344,7 +356,9 @@ def main(args: argparse.Namespace) -> None:
 
     def run_eval(split: str) -> dict:
         m = evaluate(model_without_ddp, eval_sets[split], tok, args, info, dtype)
-        logger.log({"split": split, "epoch": epoch, "step": step, "loss": m["loss"], "bleu": m["bleu"]})
+        logger.log(
+            {"split": split, "epoch": epoch, "step": step, "loss": m["loss"], "bleu": m["bleu"], "count": m["count"]}
+        )
         progress.write(
             f"epoch {epoch} {split}: loss {m['loss']:.4f} BLEU {m['bleu']:.2f} ({m['count']} sentences, "
             f"{'greedy' if args.beam == 1 else f'beam {args.beam}'}; sacreBLEU {m['bleu_signature']})"
@@ -352,6 +366,13 @@ def main(args: argparse.Namespace) -> None:
         for s, r, h in m["samples"]:
             progress.write(f"  src: {s}\n  ref: {r}\n  hyp: {h}")
         return m
+
+    if args.evaluate:
+        if ckpt_path is None:
+            raise UserError("--evaluate needs a checkpoint: --resume PATH (or an output dir with last.pt)")
+        for split in eval_sets:
+            run_eval(split)
+        return
 
     # ---- training loop
     stopped = False
@@ -395,7 +416,9 @@ def main(args: argparse.Namespace) -> None:
                 loss_avg = all_reduce_sum(loss_sum.clone()).item() / tok_done  # per target token; the one host sync
                 tps = tok_done / (time.time() - t0)
                 lr = scheduler.get_last_lr()[0]
-                logger.log({"split": "train", "epoch": epoch, "step": step, "loss": loss_avg, "lr": lr, "tok_per_s": tps})
+                logger.log(
+                    {"split": "train", "epoch": epoch, "step": step, "loss": loss_avg, "lr": lr, "tok_per_s": tps}
+                )
                 progress.update(step, f"epoch {epoch} loss {loss_avg:.4f} lr {lr:.4g} {tps:.0f} tok/s")
                 loss_sum.zero_()
                 tok_done, t0 = 0, time.time()
@@ -428,7 +451,7 @@ def main(args: argparse.Namespace) -> None:
         sys.exit(PREEMPTED_EXIT_CODE)
     if "test" in eval_sets:
         run_eval("test")
-    print0(f"done: step {step}, best val BLEU {best:.2f}")
+    print0(f"done: step {step}, best val BLEU {best:.2f}, wall {time.time() - T_START:.1f}s since start")
     logger.close()
 
 
