@@ -51,7 +51,10 @@ def load_corpus(args, info: DistInfo) -> Splits:
             )
         else:
             splits = read_hub_dataset(args, info)
-    splits = {("val" if k in VAL_NAMES else k): v for k, v in splits.items()}
+    renamed: Splits = {}
+    for k, v in splits.items():  # the first of val/valid/validation/dev is the validation split
+        renamed.setdefault("val" if k in VAL_NAMES else k, v)
+    splits = renamed
     if "train" not in splits or not splits["train"][0]:
         raise UserError(f"--data {args.data} has no training pairs")
     if "val" not in splits:  # seeded hold-out: identical on every rank and rerun, never trained on
@@ -175,9 +178,9 @@ def _load_hub(name: str, config: str | None, src: str, tgt: str) -> Splits:
         raise UserError(f"cannot load dataset {name!r}: {str(e).splitlines()[0][:160]} ({offline_hint})") from None
     except Exception as e:  # DatasetNotFoundError, bad config, ... : one line, never a traceback
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise UserError(
-            f"cannot load dataset {name!r} config {config!r}: {first} (not a local directory either)"
-        ) from None
+        network = any(w in first.lower() for w in ("connect", "offline", "resolve", "timed out", "unreachable"))
+        hint = offline_hint if network else "and it is not a local directory either"
+        raise UserError(f"cannot load dataset {name!r} config {config!r}: {first} ({hint})") from None
     return {split: _pairs_from_columns(ds, src, tgt, f"{name}[{split}]") for split, ds in dd.items()}
 
 

@@ -434,7 +434,7 @@ def main(args: argparse.Namespace) -> None:
             step >= max_steps and not stopped
         ):
             m = run_eval("val")
-            if m["bleu"] > best:
+            if m["bleu"] >= best:  # >=: a first evaluation at BLEU 0 still leaves a best.pt
                 best = m["bleu"]
                 save("best.pt")
             loss_sum.zero_()  # keep eval time out of the throughput

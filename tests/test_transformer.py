@@ -1,0 +1,305 @@
+"""transformer/: masks, tokenizer, token-budget sampler, learning, DDP end to end, resume, errors (CPU, gloo)."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import PY, REPO, run, torchrun
+
+sys.path.insert(0, str(REPO))
+pytest.importorskip("tokenizers")
+pytest.importorskip("sacrebleu")
+
+from transformer.data import (  # noqa: E402
+    EOS,
+    PAD,
+    TokenBudgetBatchSampler,
+    decode,
+    encode,
+    load_corpus,
+    read_text_dir,
+    synthetic_corpus,
+    train_tokenizer,
+)
+from transformer.model import ModelConfig, Transformer, generate  # noqa: E402
+
+TRAIN = str(REPO / "transformer" / "train.py")
+TRANSLATE = str(REPO / "transformer" / "translate.py")
+
+
+def tiny_model(seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(ModelConfig(vocab_size=50, d_model=32, n_heads=4, enc_layers=2, dec_layers=2, d_ff=64)).eval()
+
+
+# ------------------------------------------------------------------ masks
+
+
+def test_causal_mask_later_tokens_never_change_earlier_outputs():
+    model = tiny_model()
+    src = torch.randint(4, 50, (3, 7))
+    tgt = torch.randint(4, 50, (3, 9))
+    out = model(src, tgt)
+    for t in (1, 4, 8):
+        changed = tgt.clone()
+        changed[:, t:] = torch.randint(4, 50, changed[:, t:].shape)
+        out2 = model(src, changed)
+        torch.testing.assert_close(out2[:, :t], out[:, :t], rtol=0, atol=1e-6)
+    earlier = tgt.clone()
+    earlier[:, 0] = (earlier[:, 0] + 1 - 4) % 46 + 4
+    assert not torch.allclose(model(src, earlier)[:, 1:], out[:, 1:])  # the test can see a change
+
+
+def test_padding_never_changes_real_outputs():
+    model = tiny_model()
+    srcs = [torch.randint(4, 50, (n,)) for n in (3, 8, 5)]
+    tgts = [torch.randint(4, 50, (n,)) for n in (6, 2, 4)]
+    src = torch.full((3, 8), PAD)
+    tgt = torch.full((3, 6), PAD)
+    for i, (s, t) in enumerate(zip(srcs, tgts)):
+        src[i, : len(s)], tgt[i, : len(t)] = s, t
+    batched = model(src, tgt)
+    for i, (s, t) in enumerate(zip(srcs, tgts)):
+        alone = model(s[None], t[None])[0]
+        torch.testing.assert_close(batched[i, : len(t)], alone, rtol=1e-5, atol=1e-5)
+    # the encoder output at real positions, and decoding a padded batch, do not depend on padding either
+    mem, _ = model.encode(src)
+    torch.testing.assert_close(mem[0, :3], model.encode(srcs[0][None])[0][0], rtol=1e-5, atol=1e-5)
+    for beam in (1, 3):
+        together = generate(model, src, beam=beam, max_len=6)
+        assert together == [
+            generate(model, src[i : i + 1, : len(s)], beam=beam, max_len=6)[0] for i, s in enumerate(srcs)
+        ]
+
+
+def test_beam_search_finds_a_likelier_sequence_than_greedy_on_average():
+    model = tiny_model(1)
+    src = torch.randint(4, 50, (8, 6))
+
+    def logprob(seqs):
+        total = 0.0
+        for i, ids in enumerate(seqs):
+            tgt = torch.tensor([[2] + ids])
+            lp = model(src[i : i + 1], tgt).log_softmax(-1)[0]
+            full = ids + [EOS] if len(ids) < 5 else ids
+            total += sum(lp[j, tok].item() for j, tok in enumerate(full)) / len(full)
+        return total
+
+    greedy, beam = generate(model, src, beam=1, max_len=5), generate(model, src, beam=4, max_len=5)
+    assert all(len(s) <= 5 for s in beam)
+    assert logprob(beam) >= logprob(greedy) - 1e-4
+
+
+# ------------------------------------------------------------------ tokenizer
+
+
+@pytest.mark.parametrize("kind", ["bpe", "wordlevel"])
+def test_tokenizer_round_trip(kind):
+    train = [
+        "Zwei junge weiße Männer sind im Freien.",
+        "A man, a plan; a canal: Panama!",
+        "Ünïcödé  with   spaces\tand tabs",
+    ] * 20
+    tok = train_tokenizer(kind, train, 300)
+    assert [tok.token_to_id(t) for t in ("<pad>", "<unk>", "<s>", "</s>")] == [0, 1, 2, 3]
+    assert decode(tok, encode(tok, train[:3])) == train[:3]
+    if kind == "bpe":  # byte-level: lossless for text never seen in training too
+        unseen = ["Ça coûte 5 € — 😀 日本語", " leading and trailing ", ""]
+        assert decode(tok, encode(tok, unseen)) == unseen
+
+
+# ------------------------------------------------------------------ sampler
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("accum", [1, 2])
+def test_token_budget_sampler(world, accum):
+    g = torch.Generator().manual_seed(0)
+    src_lens = torch.randint(2, 40, (301,), generator=g).tolist()
+    tgt_lens = torch.randint(2, 40, (301,), generator=g).tolist()
+    max_tokens = 120
+    samplers = [
+        TokenBudgetBatchSampler(src_lens, tgt_lens, max_tokens, r, world, seed=5, accum=accum) for r in range(world)
+    ]
+    orders = []
+    for epoch in (0, 1):
+        per_rank = []
+        for s in samplers:
+            s.set_epoch(epoch)
+            per_rank.append(list(s))
+        assert len({len(b) for b in per_rank}) == 1  # the same number of batches on every rank
+        assert len(per_rank[0]) == len(samplers[0]) == samplers[0].steps_per_epoch * accum
+        flat = sorted(i for batches in per_rank for b in batches for i in b)
+        assert flat == list(range(301))  # every pair exactly once
+        for b in (b for batches in per_rank for b in batches):
+            longest = max(max(src_lens[i], tgt_lens[i]) for i in b)
+            assert len(b) * longest <= max_tokens or len(b) == 1
+        tokens = samplers[0].step_tokens()
+        assert sum(tokens) == sum(tgt_lens) and len(tokens) == samplers[0].steps_per_epoch
+        orders.append(per_rank)
+    assert orders[0] != orders[1]  # reshuffled per epoch
+    again = TokenBudgetBatchSampler(src_lens, tgt_lens, max_tokens, world - 1, world, seed=5, accum=accum)
+    again.set_epoch(1)
+    assert list(again) == orders[1][world - 1]  # a pure function of (seed, epoch)
+    again.set_epoch(1, skip=3)
+    assert list(again) == orders[1][world - 1][3:] and len(again) == len(orders[1][world - 1]) - 3
+
+
+def test_sampler_needs_enough_pairs():
+    with pytest.raises(ValueError):
+        TokenBudgetBatchSampler([3, 4], [3, 4], 100, 0, 3)
+
+
+# ------------------------------------------------------------------ data sources
+
+
+def write_corpus(root, splits, src="de", tgt="en", gz=("train.de", "val.en")):
+    root.mkdir(parents=True, exist_ok=True)
+    for split, (a, b) in splits.items():
+        for lang, lines in ((src, a), (tgt, b)):
+            name = f"{split}.{lang}"
+            data = ("\n".join(lines) + "\n").encode()
+            if name in gz:
+                (root / f"{name}.gz").write_bytes(gzip.compress(data))
+            else:
+                (root / name).write_bytes(data)
+    return root
+
+
+def test_text_dir_and_seeded_holdout(tmp_path):
+    splits = synthetic_corpus(3, (50, 7, 0))
+    root = write_corpus(tmp_path / "c", {"train": splits["train"], "dev": splits["val"]})
+    got = read_text_dir(root, "de", "en")
+    assert got["train"] == splits["train"] and got["dev"] == splits["val"]
+    args = type("A", (), dict(synthetic=False, data=str(root), lang_src="de", lang_tgt="en", val_split=0, seed=0))
+    assert load_corpus(args, None)["val"] == splits["val"]  # "dev" is the validation split
+    (root / "dev.de").unlink()
+    a, b = load_corpus(args, None), load_corpus(args, None)  # no val: a seeded hold-out, the same every time
+    assert a == b and len(a["val"][0]) == 5 and len(a["train"][0]) == 45
+    assert sorted(a["val"][0] + a["train"][0]) == sorted(splits["train"][0])  # a partition of train
+
+
+def test_hf_column_layouts(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    from transformer.data import read_saved_dataset
+
+    rows = {"translation": [{"en": "a b", "it": "x y"}, {"en": "c", "it": "z"}]}
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows)}).save_to_disk(str(tmp_path / "dd"))
+    assert read_saved_dataset(tmp_path / "dd", "en", "it")["train"] == (["a b", "c"], ["x y", "z"])
+    datasets.Dataset.from_dict({"de": ["q"], "en": ["r"]}).save_to_disk(str(tmp_path / "one"))
+    assert read_saved_dataset(tmp_path / "one", "de", "en") == {"train": (["q"], ["r"])}
+
+
+# ------------------------------------------------------------------ learning
+
+
+def test_tiny_model_learns_synthetic_translation(tmp_path):
+    out = tmp_path / "run"
+    run(
+        [PY, TRAIN, "--synthetic", "--preset", "tiny", "--max-tokens", "1024", "--accum-steps", "2", "--lr", "1e-3",
+         "--warmup-steps", "100", "--max-steps", "400", "--eval-every", "1000", "-j", "0", "--output-dir", out],
+        timeout=240,
+    )  # fmt: skip
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    val = [r for r in records if r["split"] == "val"]
+    assert val[-1]["step"] == 400 and val[-1]["bleu"] >= 90, val
+    assert [r["split"] for r in records].count("test") == 1
+    # beam search through translate.py on unseen sentences of the same made-up language pair
+    src, ref = synthetic_corpus(99, (0, 0, 30))["test"]
+    p = run([PY, TRANSLATE, "--checkpoint", out / "best.pt", "--beam", "3", *src])
+    import sacrebleu
+
+    assert sacrebleu.corpus_bleu(p.stdout.splitlines(), [ref]).score >= 90
+
+
+# ------------------------------------------------------------------ DDP end to end + resume
+
+
+@pytest.fixture(scope="module")
+def ddp_runs(tmp_path_factory):
+    """A local de->en corpus (.gz and plain files), trained by 2 gloo processes: uninterrupted to step 18,
+    and in two legs (to step 5, mid-epoch, then the same command to 18, past an epoch end)."""
+    tmp = tmp_path_factory.mktemp("ddp")
+    splits = synthetic_corpus(1, (400, 30, 21))
+    data = write_corpus(tmp / "corpus", splits)
+    common = [TRAIN, "--data", data, "--lang-src", "de", "--lang-tgt", "en", "--preset", "tiny", "--dropout", "0.1",
+              "--vocab-size", "200", "--max-tokens", "256", "--accum-steps", "2", "--epochs", "3", "--lr", "1e-3",
+              "--warmup-steps", "5", "-j", "1", "-p", "2", "--save-every-steps", "3"]  # fmt: skip
+    full, legs = tmp / "full", tmp / "legs"
+    torchrun(2, *common, "--max-steps", "18", "--output-dir", full, timeout=180)
+    torchrun(2, *common, "--max-steps", "5", "--output-dir", legs, timeout=180)
+    resumed = torchrun(2, *common, "--max-steps", "18", "--output-dir", legs, timeout=180)
+    return dict(full=full, legs=legs, splits=splits, resumed=resumed)
+
+
+@pytest.mark.slow
+def test_ddp_end_to_end_on_local_files(ddp_runs):
+    out = ddp_runs["full"]
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["world_size"] == 2 and cfg["launcher"] == "torchrun" and cfg["backend"] == "gloo"
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["split"] == "train"]
+    assert train and set(train[0]) >= {"epoch", "step", "loss", "lr", "tok_per_s", "time"}
+    assert train[-1]["step"] == 18 and all(r["tok_per_s"] > 0 for r in train)
+    val, test = [r for r in records if r["split"] == "val"], [r for r in records if r["split"] == "test"]
+    assert val and len(test) == 1 and {"loss", "bleu", "epoch", "step"} <= set(test[0])
+    ckpt = torch.load(out / "last.pt", weights_only=True)
+    assert ckpt["step"] == 18 and ckpt["world_size"] == 2
+    assert (out / "tokenizer.json").read_text() == ckpt["tokenizer"]  # the JSON file and the checkpoint agree
+    assert not any(k.startswith(("module.", "_orig_mod.")) for k in ckpt["model"])
+    # translate.py: sentences as arguments and on stdin give the same lines, one per input
+    src = ddp_runs["splits"]["test"][0][:4]
+    by_args = run([PY, TRANSLATE, "--checkpoint", out / "last.pt", *src]).stdout.splitlines()
+    p = subprocess.run(
+        [PY, TRANSLATE, "--checkpoint", str(out / "last.pt")],
+        input="\n".join(src) + "\n",
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    by_stdin = p.stdout.splitlines()
+    assert len(by_args) == 4 and by_args == by_stdin
+
+
+@pytest.mark.slow
+def test_resume_continues_identically(ddp_runs):
+    assert "resumed from" in ddp_runs["resumed"].stdout
+    a = torch.load(ddp_runs["full"] / "last.pt", weights_only=True)
+    b = torch.load(ddp_runs["legs"] / "last.pt", weights_only=True)
+    assert a["step"] == b["step"] == 18 and a["epoch"] == b["epoch"]
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    sa, sb = a["optimizer"]["state"], b["optimizer"]["state"]
+    assert all(torch.equal(sa[i]["exp_avg_sq"], sb[i]["exp_avg_sq"]) for i in sa)
+
+
+# ------------------------------------------------------------------ user errors
+
+
+def one_error_line(p):
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in p.stderr, p.stderr
+    return lines[0]
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path):
+    base = [PY, TRAIN, "--output-dir", tmp_path / "out", "-j", "0"]
+    msg = one_error_line(run([*base, "--data", tmp_path / "nope"], check=False))
+    assert "no such directory" in msg
+    data = write_corpus(tmp_path / "c", {"train": synthetic_corpus(0, (20, 0, 0))["train"]})
+    msg = one_error_line(run([*base, "--data", data, "--lang-src", "fr", "--lang-tgt", "en"], check=False))
+    assert "languages found: de, en" in msg
+    if importlib.util.find_spec("datasets") is not None:  # the Hub, offline: a hint, not a traceback
+        p = run([*base, "--data", "opus_books"], env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}, check=False)
+        assert "HF_DATASETS_OFFLINE" in one_error_line(p)
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    one_error_line(run([PY, TRANSLATE, "--checkpoint", tmp_path / "junk.pt", "hallo"], check=False))

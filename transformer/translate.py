@@ -1,0 +1,64 @@
+"""Translate sentences with a checkpoint of transformer/train.py.
+
+    python transformer/translate.py --checkpoint runs/transformer/best.pt "Ein Mann fährt Fahrrad."
+    python transformer/translate.py --checkpoint runs/transformer/best.pt < sentences.txt > out.txt
+
+The checkpoint carries the tokenizer and the model config, so nothing else is needed. Decoding is the
+same code as validation (model.translate_ids: greedy, or beam search with --beam N). One output line
+per input line, in order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # find common/ when run as a script
+from common.checkpoint import load_checkpoint, load_model_state
+from common.errors import UserError, run_cli
+from common.utils import amp_dtype
+from transformer.data import decode, encode
+from transformer.model import ModelConfig, Transformer, translate_ids
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("sentences", nargs="*", help="sentences to translate (default: one per line on stdin)")
+    p.add_argument("--checkpoint", required=True, help="last.pt or best.pt written by transformer/train.py")
+    p.add_argument("--beam", type=int, default=1, help="beam size (1: greedy)")
+    p.add_argument("--max-tokens", type=int, default=8192, help="source tokens per batch x beam")
+    p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda if available)")
+    p.add_argument("--amp", choices=("auto", "bf16", "fp16", "none"), default="auto", help="auto: bf16 on GPU")
+    return p
+
+
+def main(args: argparse.Namespace) -> None:
+    if args.beam <= 0 or args.max_tokens <= 0:
+        raise UserError("--beam and --max-tokens must be positive")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise UserError("translate.py needs the tokenizers package (pip install tokenizers)") from None
+    ckpt = load_checkpoint(args.checkpoint)  # weights_only: a foreign file cannot run code
+    if "tokenizer" not in ckpt or "model_config" not in ckpt:
+        raise UserError(f"{args.checkpoint} is not a transformer/train.py checkpoint (no tokenizer or model config)")
+    tok = Tokenizer.from_str(ckpt["tokenizer"])
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model = Transformer(ModelConfig(**ckpt["model_config"]))
+    load_model_state(model, ckpt["model"], args.checkpoint)
+    model.to(device).eval()
+
+    sentences = args.sentences or [line.rstrip("\r\n") for line in sys.stdin]
+    limit = model.cfg.max_positions - 1
+    sources = [ids[:limit] for ids in encode(tok, sentences)]
+    hyps = translate_ids(model, sources, args.max_tokens, args.beam, amp_dtype(args.amp, device))
+    for line in decode(tok, hyps):
+        print(line.replace("\n", " "))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    run_cli(lambda: main(get_args_parser().parse_args()))
