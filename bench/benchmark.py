@@ -236,7 +236,72 @@ def bench_cifar(args, device, rows):
         )
 
 
-BENCHES = {"resnet50": bench_resnet50, "cifar": bench_cifar}
+def transformer_params(preset: str, vocab: int) -> int:
+    from transformer.model import PRESETS, ModelConfig, Transformer
+
+    return sum(p.numel() for p in Transformer(ModelConfig(vocab_size=vocab, **PRESETS[preset])).parameters())
+
+
+def bench_transformer(args, device, rows):
+    """Target tokens/s: the tutorial-style loop (every sentence padded to 350, fp32, batch 8) vs transformer/train.py
+    (token-budget batches, dynamic padding, bf16) on Multi30k; MFU = 6 * params * tokens/s / peak (attention
+    FLOPs left out: at ~15 tokens per sentence they are under 1% of the total)."""
+    from transformer.model import PRESETS, ModelConfig, Transformer
+
+    vocab, preset = 8000, args.preset
+    g = torch.Generator().manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=vocab, **(PRESETS[preset] if not args.tiny else PRESETS["tiny"])))
+    model = model.to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    pad_to, b = (350, 8) if not args.tiny else (40, 2)
+    lengths = torch.randint(8, 24, (b,), generator=g)  # Multi30k-like sentence lengths (mean about 15)
+    src = torch.zeros(b, pad_to, dtype=torch.long)
+    tgt = torch.zeros(b, pad_to + 1, dtype=torch.long)
+    for i, n in enumerate(lengths.tolist()):
+        src[i, :n] = torch.randint(4, vocab, (n,), generator=g)
+        tgt[i, : n + 1] = torch.randint(4, vocab, (n + 1,), generator=g)
+    src, tgt = src.to(device), tgt.to(device)
+
+    def step():  # the tutorial's loop: fp32, no masking tricks, loss over the padded length
+        logits = model(src, tgt[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, vocab), tgt[:, 1:].reshape(-1), ignore_index=0)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    real = int(lengths.sum())
+    rate = timed(step, args.iters if not args.tiny else 2, 5 if not args.tiny else 1, real, device)
+    rows.append({"bench": "transformer", "what": f"baseline loop, {preset}, pad 350, fp32, batch 8", "tok_per_s": rate})
+    n_params = transformer_params(preset, vocab)
+    peak = args.peak_tflops * 1e12
+    data = ["--data", args.multi30k, "--lang-src", "de", "--lang-tgt", "en"] if args.multi30k else ["--synthetic"]
+    for nproc in [1] + ([2] if torch.cuda.device_count() >= 2 and not args.tiny else []):
+        out = Path(args.out) / f"tr_{preset}_{nproc}"
+        launch = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                                      f"--nproc_per_node={nproc}"]  # fmt: skip
+        cmd = [*launch, "transformer/train.py", *data, "--preset", preset if not args.tiny else "tiny",
+               "--max-tokens", "8192" if not args.tiny else "256", "--max-steps", "300" if not args.tiny else "3",
+               "-p", "25" if not args.tiny else "1", "--eval-every", "1000",
+               "--output-dir", str(out), "--resume", "none"]  # fmt: skip
+        if args.tiny:
+            cmd += ["-j", "0"]
+        else:
+            cmd += ["--vocab-size", str(vocab)]
+        rate, wall = script_rate(cmd, out, "tok_per_s")
+        mfu = 6 * n_params * rate / (peak * nproc) if device.type == "cuda" else None
+        rows.append(
+            {
+                "bench": "transformer",
+                "what": f"transformer/train.py {preset}, {nproc} GPU(s), bf16",
+                "tok_per_s": rate,
+                "mfu": mfu,
+                "wall": wall,
+                "cmd": cmd_str(cmd),
+            }
+        )
+
+
+BENCHES = {"resnet50": bench_resnet50, "cifar": bench_cifar, "transformer": bench_transformer}
 
 
 def environment(device: torch.device) -> dict:
@@ -283,6 +348,9 @@ def main() -> None:
     p.add_argument("--script-steps", type=int, default=120, help="--max-steps for script measurements")
     p.add_argument("--rn50-batch", type=int, default=256)
     p.add_argument("--cifar-dir", default=None, help="CIFAR ImageFolder (train/<class>/*.jpg); default: --synthetic")
+    p.add_argument("--multi30k", default=None, help="Multi30k dir ({split}.{lang}.gz); default: --synthetic")
+    p.add_argument("--preset", default="small", help="transformer preset")
+    p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak per GPU for MFU (H100/H200 SXM)")
     p.add_argument("-j", "--workers", type=int, default=min(16, os.cpu_count() or 1))
     args = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
