@@ -18,4 +18,5 @@ rn50() {  # rn50 TAG AMP-FLAGS...: 1 GPU, then 2 GPUs
 }
 rn50 fp32 --amp none --no-channels-last
 rn50 bf16cl --amp bf16 --channels-last
+echo "== transformer"; python3 bench/benchmark.py --only transformer --multi30k .data/multi30k --out "$OUT/tr" 2>&1 | tail -6
 echo "== kill and restart (NCCL)"; python3 bench/kill_restart.py --nproc 2 --out /tmp/kr 2>&1 | tail -14
