@@ -280,7 +280,7 @@ def bench_transformer(args, device, rows):
         launch = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                                       f"--nproc_per_node={nproc}"]  # fmt: skip
         cmd = [*launch, "transformer/train.py", *data, "--preset", preset if not args.tiny else "tiny",
-               "--max-tokens", "8192" if not args.tiny else "256", "--max-steps", "300" if not args.tiny else "3",
+               "--max-tokens", "8192" if not args.tiny else "256", "--max-steps", "150" if not args.tiny else "3",
                "-p", "25" if not args.tiny else "1", "--eval-every", "1000",
                "--output-dir", str(out), "--resume", "none"]  # fmt: skip
         if args.tiny:

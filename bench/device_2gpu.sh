@@ -16,7 +16,7 @@ rn50() {  # rn50 TAG AMP-FLAGS...: 1 GPU, then 2 GPUs
   echo "== resnet50 --dummy 2 GPUs $tag"; torchrun --standalone --nproc_per_node=2 "${I[@]}" "$@" --output-dir "/tmp/i2$tag" > "/tmp/i2$tag.log" 2>&1; med "/tmp/i2$tag/metrics.jsonl"
   cp "/tmp/i1$tag/metrics.jsonl" "$OUT/i1$tag.jsonl"; cp "/tmp/i2$tag/metrics.jsonl" "$OUT/i2$tag.jsonl"
 }
-rn50 fp32 --amp none --no-channels-last
 rn50 bf16cl --amp bf16 --channels-last
-echo "== transformer"; python3 bench/benchmark.py --only transformer --multi30k .data/multi30k --out "$OUT/tr" 2>&1 | tail -6
 echo "== kill and restart (NCCL)"; python3 bench/kill_restart.py --nproc 2 --out /tmp/kr 2>&1 | tail -14
+rn50 fp32 --amp none --no-channels-last
+echo "== transformer"; python3 bench/benchmark.py --only transformer --multi30k .data/multi30k --out "$OUT/tr" 2>&1 | tail -6
