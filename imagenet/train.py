@@ -119,6 +119,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--val-resize-size", type=int, default=256, help="Resize before the center crop")
     g.add_argument("--val-crop-size", type=int, default=224, help="CenterCrop size")
     g.add_argument("--skip-bad-images", action="store_true", help="skip, count and report unreadable images")
+    g.add_argument(
+        "--gpu-decode", action="store_true", help="decode JPEGs with nvJPEG and augment on the GPU (CUDA only)"
+    )
     g = p.add_argument_group("model")
     g.add_argument("-a", "--arch", default="resnet50", help="any torchvision classification model name")
     g.add_argument("--pretrained", action="store_true", help="start from torchvision's ImageNet weights")
@@ -345,6 +348,15 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
         generator=loader_generator(args.seed, info.rank),
         collate_fn=collate,
     )
+    gpu_decode = args.gpu_decode and not args.synthetic  # on CPU it still runs (torchvision.io), for tests
+    if gpu_decode:  # workers only read file bytes; decode, crop, flip and normalize run on the GPU (see gpu_decode.py)
+        from imagenet.gpu_decode import EncodedImages, GpuTransform, collate_encoded, prefetch
+
+        loader_kw["collate_fn"] = collate_encoded
+        gpu_train = GpuTransform(device, args.train_crop_size, channels_last=channels_last)
+        gpu_val = GpuTransform(device, args.val_crop_size, args.val_resize_size, channels_last=channels_last)
+        train_ds = EncodedImages(train_ds.samples, args.seed) if train_ds is not None else None
+        val_ds = EncodedImages(val_ds.samples)
     if not args.evaluate:
         # [DDP 2] every rank reads a different shard; the order of epoch e depends only on (seed, e).
         if n_train < global_batch:
@@ -353,7 +365,11 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
         steps_per_epoch = len(sampler) // args.batch_size // args.accum_steps
         if not args.synthetic:
             train_loader = torch.utils.data.DataLoader(
-                SeededDataset(train_ds, args.seed), args.batch_size, sampler=sampler, drop_last=True, **loader_kw
+                train_ds if gpu_decode else SeededDataset(train_ds, args.seed),
+                args.batch_size,
+                sampler=sampler,
+                drop_last=True,
+                **loader_kw,
             )
     if not args.synthetic:
         val_sampler = ExactEvalSampler(n_val, info.rank, info.world_size)
@@ -379,7 +395,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
             return
         nonlocal bad_train
         sampler.set_epoch(epoch, skip=skip * args.batch_size)
-        for i, (x, y, bad) in enumerate(train_loader, start=skip):
+        for i, (x, y, bad) in enumerate(prefetch(train_loader, gpu_train) if gpu_decode else train_loader, start=skip):
             if i >= n:
                 return
             check_bad(bad, "train")
@@ -395,7 +411,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
             for idx in torch.arange(info.rank, n_val, info.world_size, device=device).split(args.batch_size):
                 yield pool[idx % 64], idx % num_classes, 0
             return
-        for x, y, bad in val_loader:
+        for x, y, bad in prefetch(val_loader, gpu_val) if gpu_decode else val_loader:
             check_bad(bad, "val")
             if x is not None:
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)

@@ -129,8 +129,8 @@ def test_checkpoint_from_other_arch_is_refused(tmp_path):
 def test_resume_under_another_world_size_continues_the_epoch(tmp_path, tiny_imagefolder):
     """1 process x 4 images for 2 steps, then 2 processes x 4: the epoch continues after the same 8 images
     (micro-batch 1 of 5), the step counter keeps counting, and the LR follows the doubled global batch."""
-    cmd = ["cifar_resnet/train.py", "--data-dir", tiny_imagefolder, "--epochs", "2", "-j", "0", "--output-dir", tmp_path,
-           "--warmup-epochs", "0", *TINY]  # fmt: skip
+    cmd = ["cifar_resnet/train.py", "--data-dir", tiny_imagefolder, "--epochs", "2", "-j", "0",
+           "--output-dir", tmp_path, "--warmup-epochs", "0", *TINY]  # fmt: skip
     run([PY, *cmd, "--max-steps", "2"])
     p = torchrun(2, *cmd)
     assert "note: checkpoint written by 1 process(es) x 4 samples, now 2 x 4" in p.stdout

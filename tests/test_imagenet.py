@@ -319,3 +319,17 @@ def test_start_epoch_starts_the_schedule_there(m, tmp_path, monkeypatch):
     assert [r["step"] for r in train] == [121, 122, 123, 124] and {r["epoch"] for r in train} == {30}
     assert all(r["lr"] == pytest.approx(0.1 * 4 / 256 * 0.1) for r in train)
     assert ckpt(out / "last.pt")["epoch"] == 31
+
+
+def test_device_decode_path_trains_and_evaluates_like_the_pillow_path(data, tmp_path):
+    """--gpu-decode (torchvision.io decode + device-side crop/flip/normalize; on CPU here) under torchrun:
+    trains, evaluates every val image once, and its val metrics on the same checkpoint match the Pillow
+    path closely (same crops; only the resize kernels differ)."""
+    out = tmp_path / "gd"
+    torchrun(2, SCRIPT, str(data), *TINY, "--epochs", "1", "--gpu-decode", "--output-dir", str(out))
+    assert ckpt(out / "last.pt")["step"] > 0
+    (dev,) = records(out, "val")
+    assert dev["count"] == N_VAL
+    run([PY, SCRIPT, str(data), *TINY, "-e", "--resume", str(out / "last.pt"), "--output-dir", str(tmp_path / "pil")])
+    (pil,) = records(tmp_path / "pil", "val")
+    assert pil["count"] == N_VAL and abs(pil["loss"] - dev["loss"]) < 0.05 * max(1.0, pil["loss"]), (pil, dev)

@@ -63,7 +63,12 @@ def wait_for(env: dict, job_id: str, done, timeout: float = 180) -> dict[str, st
 
 
 def finished(env: dict, job_id: str, log: Path, timeout: float = 180) -> str:
-    info = wait_for(env, job_id, lambda i: i["JobState"] not in ("PENDING", "RUNNING", "CONFIGURING"), timeout)
+    info = wait_for(
+        env,
+        job_id,
+        lambda i: i["JobState"] not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED"),
+        timeout,
+    )
     text = log.read_text() if log.exists() else "(no log)"
     assert info["JobState"] == "COMPLETED", f"job {job_id} {info['JobState']} {info.get('ExitCode')}\n{text[-4000:]}"
     return text
