@@ -191,8 +191,14 @@ def setup_distributed(args: argparse.Namespace, *, launch: LaunchEnv | None = No
     if launch.init_method.startswith("tcp://") and launch.rank != 0:
         _wait_for_master(launch.init_method, args.dist_timeout)
     try:
+        store = _attempt_store(launch, timeout)
         dist.init_process_group(
-            backend, init_method=launch.init_method, rank=launch.rank, world_size=launch.world_size, timeout=timeout
+            backend,
+            init_method=None if store else launch.init_method,
+            store=store,
+            rank=launch.rank,
+            world_size=launch.world_size,
+            timeout=timeout,
         )
     except Exception as e:  # turn rendezvous failures into one actionable line
         msg = str(e)
@@ -214,6 +220,22 @@ def setup_distributed(args: argparse.Namespace, *, launch: LaunchEnv | None = No
             ) from None
         raise
     return DistInfo(launch.rank, launch.local_rank, launch.world_size, device, launch.launcher, backend)
+
+
+def _attempt_store(launch: LaunchEnv, timeout: datetime.timedelta) -> dist.Store | None:
+    """Under torchrun, a store whose keys are private to this restart attempt.
+
+    torchrun's agent keeps ONE store across ``--max-restarts`` attempts, so the keys the failed attempt wrote
+    (each rank's gloo/NCCL address) are still there: a restarted rank may read a dead peer's address and fail
+    with "Connection refused". A prefix per attempt (TORCHELASTIC_RESTART_COUNT) makes every restart clean.
+    """
+    env = os.environ
+    if launch.init_method != "env://" or "TORCHELASTIC_RESTART_COUNT" not in env:
+        return None
+    agent_hosts = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), launch.world_size,
+                          is_master=not agent_hosts and launch.rank == 0, timeout=timeout)  # fmt: skip
+    return dist.PrefixStore(f"attempt_{env['TORCHELASTIC_RESTART_COUNT']}", store)
 
 
 def _wait_for_master(init_method: str, timeout_s: float) -> None:
