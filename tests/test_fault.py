@@ -219,3 +219,23 @@ def test_elastic_restart_other_scripts(name, tmp_path):
     assert got["step"] == ref["step"] > 4
     for k, v in ref["model"].items():
         assert torch.equal(v, got["model"][k]), k
+
+
+@pytest.mark.parametrize("name", ["imagenet", "transformer"])
+def test_preemption_other_scripts(name, tmp_path):
+    """SIGTERM to one worker: every rank stops at the same step, rank 0 saves, exit 75; the same command
+    then finishes bit-identical to an uninterrupted run."""
+    run(torchrun_cmd(*other_script_cmd(name, tmp_path, tmp_path / "ref")))
+    ref = torch.load(tmp_path / "ref/last.pt", weights_only=True)
+    out = tmp_path / "stopped"
+    proc = popen(torchrun_cmd(*other_script_cmd(name, tmp_path, out)))
+    wait_for_step(out, 4, proc)
+    os.kill(descendants_with_rank(proc.pid, 1)[0], signal.SIGTERM)
+    log, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "(exit 75)" in log, log[-3000:]
+    assert 4 <= torch.load(out / "last.pt", weights_only=True)["step"] < ref["step"]
+    run(torchrun_cmd(*other_script_cmd(name, tmp_path, out)))
+    got = torch.load(out / "last.pt", weights_only=True)
+    assert got["step"] == ref["step"]
+    for k, v in ref["model"].items():
+        assert torch.equal(v, got["model"][k]), k
