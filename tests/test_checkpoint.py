@@ -134,3 +134,18 @@ def test_sigkill_during_save_never_breaks_last_pt(tmp_path):
         assert ckpt["model"]["w"][0].item() == ckpt["step"] >= 1
         last_step = ckpt["step"]
     assert last_step >= 1
+
+
+def test_malicious_checkpoint_refused_by_resume_and_translate(tmp_path):
+    """The same refusal through the command lines: cifar --resume PATH and translate.py --checkpoint."""
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.pt"
+    torch.save({"model": {}, "payload": _Evil(marker)}, evil)
+    cifar = [PY, "cifar_resnet/train.py", "--synthetic", "--max-steps", "1", "-j", "0", "--resume", str(evil),
+             "--output-dir", str(tmp_path / "o")]  # fmt: skip
+    translate = [PY, "transformer/translate.py", "--checkpoint", str(evil), "hallo welt"]
+    for cmd in (cifar, translate):
+        p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and p.stderr.startswith(f"error: refusing to load {evil}"), p.stderr
+        assert "Traceback" not in p.stderr
+    assert not marker.exists()
