@@ -102,8 +102,8 @@ class StopSignal:
         self.received: str | None = None
         for name in names:
             signal.signal(getattr(signal, name), self._handler)
-        if is_dist():
-            self.group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
+        if is_dist():  # its own group: never interleaves with DDP's gradient all-reduces on the default group
+            self.group = dist.new_group(backend="gloo")
 
     def _handler(self, signum: int, frame: Any) -> None:
         self.received = signal.Signals(signum).name
