@@ -40,7 +40,6 @@ from common.distributed import (
 from common.errors import UserError, run_cli
 from common.metrics import MetricsLogger, Progress, prepare_output_dir
 from common.utils import (
-    PREEMPTED_EXIT_CODE,
     StopSignal,
     amp_dtype,
     autocast,
@@ -484,12 +483,7 @@ def main(args: argparse.Namespace) -> None:
     stop.close()
     progress.close()
     if stopped:
-        print0(
-            f"stopped by {stop.received or 'a signal on another rank'} at step {step}; checkpoint saved, "
-            f"rerun the same command to continue (exit {PREEMPTED_EXIT_CODE})"
-        )
-        logger.close()
-        sys.exit(PREEMPTED_EXIT_CODE)
+        stop.exit_preempted(step, logger)
     print0(f"done: step {step}, best {eval_name} acc1 {best:.2f}, wall {time.time() - T_START:.1f}s since start")
     logger.close()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -12,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from common.distributed import all_reduce_sum, is_dist
+from common.distributed import all_reduce_sum, is_dist, print0
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "stopped on a signal after saving; rerun the same command"
 
@@ -119,6 +120,15 @@ class StopSignal:
         self.flag.fill_(1 if self.received else 0)
         self.work = dist.all_reduce(self.flag, group=self.group, async_op=True)
         return stop
+
+    def exit_preempted(self, step: int, logger: Any) -> None:
+        """After the last checkpoint was saved: say how to continue, close the logs, exit 75."""
+        print0(
+            f"stopped by {self.received or 'a signal on another rank'} at step {step}; checkpoint saved, "
+            f"rerun the same command to continue (exit {PREEMPTED_EXIT_CODE})"
+        )
+        logger.close()
+        sys.exit(PREEMPTED_EXIT_CODE)
 
     def close(self) -> None:
         if self.work is not None:

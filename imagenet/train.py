@@ -59,7 +59,6 @@ from common.errors import UserError, run_cli
 from common.metrics import MetricsLogger, Progress, prepare_output_dir
 from common.spawn import spawn
 from common.utils import (
-    PREEMPTED_EXIT_CODE,
     StopSignal,
     amp_dtype,
     autocast,
@@ -587,12 +586,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
     if n_skipped:
         print0(f"skipped {n_skipped} unreadable training image(s), listed above as warnings")
     if stopped:
-        print0(
-            f"stopped by {stop.received or 'a signal on another rank'} at step {step}; checkpoint saved, "
-            f"rerun the same command to continue (exit {PREEMPTED_EXIT_CODE})"
-        )
-        logger.close()
-        sys.exit(PREEMPTED_EXIT_CODE)
+        stop.exit_preempted(step, logger)
     print0(f"done: step {step}, best val acc1 {best:.2f}")
     logger.close()
 

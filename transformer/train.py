@@ -42,7 +42,7 @@ from common.distributed import (
 )
 from common.errors import UserError, run_cli
 from common.metrics import MetricsLogger, Progress, prepare_output_dir
-from common.utils import PREEMPTED_EXIT_CODE, StopSignal, amp_dtype, autocast, count_params, param_groups
+from common.utils import StopSignal, amp_dtype, autocast, count_params, param_groups
 from transformer.data import (
     PAD,
     ParallelDataset,
@@ -443,12 +443,7 @@ def main(args: argparse.Namespace) -> None:
     stop.close()
     progress.close()
     if stopped:
-        print0(
-            f"stopped by {stop.received or 'a signal on another rank'} at step {step}; checkpoint saved, "
-            f"rerun the same command to continue (exit {PREEMPTED_EXIT_CODE})"
-        )
-        logger.close()
-        sys.exit(PREEMPTED_EXIT_CODE)
+        stop.exit_preempted(step, logger)
     if "test" in eval_sets:
         run_eval("test")
     print0(f"done: step {step}, best val BLEU {best:.2f}, wall {time.time() - T_START:.1f}s since start")
