@@ -103,34 +103,19 @@ def test_first_host_of_nodelist():
     assert first_host("solo") == "solo"
 
 
+def rank_cmd(out, port: int, rank: int, timeout: int) -> list:
+    """One rank of a 2-process --dist-url run of cifar_resnet/train.py (the other rank is never started)."""
+    return [PY, "cifar_resnet/train.py", "--synthetic", "--max-steps", "1", "-j", "0", "--output-dir", out,
+            "--dist-url", f"tcp://127.0.0.1:{port}", "--world-size", "2", "--rank", str(rank),
+            "--dist-timeout", str(timeout)]  # fmt: skip
+
+
 def test_port_in_use_is_one_line_error(tmp_path):
     port = free_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
         s.listen()
-        p = run(
-            [
-                PY,
-                "cifar_resnet/train.py",
-                "--synthetic",
-                "--max-steps",
-                "1",
-                "-j",
-                "0",
-                "--output-dir",
-                tmp_path,
-                "--dist-url",
-                f"tcp://127.0.0.1:{port}",
-                "--world-size",
-                "2",
-                "--rank",
-                "0",
-                "--dist-timeout",
-                "20",
-            ],
-            check=False,
-            timeout=120,
-        )
+        p = run(rank_cmd(tmp_path, port, rank=0, timeout=20), check=False, timeout=120)
     assert p.returncode == 2
     assert p.stderr.strip().startswith("error: port already in use"), p.stderr
     assert "Traceback" not in p.stderr
@@ -138,28 +123,6 @@ def test_port_in_use_is_one_line_error(tmp_path):
 
 def test_unreachable_master_fails_within_timeout(tmp_path):
     port = free_port()  # nobody listens there: rank 1 must give up after --dist-timeout
-    p = run(
-        [
-            PY,
-            "cifar_resnet/train.py",
-            "--synthetic",
-            "--max-steps",
-            "1",
-            "-j",
-            "0",
-            "--output-dir",
-            tmp_path,
-            "--dist-url",
-            f"tcp://127.0.0.1:{port}",
-            "--world-size",
-            "2",
-            "--rank",
-            "1",
-            "--dist-timeout",
-            "5",
-        ],
-        check=False,
-        timeout=90,
-    )
+    p = run(rank_cmd(tmp_path, port, rank=1, timeout=5), check=False, timeout=90)
     assert p.returncode == 2, p.stderr
     assert p.stderr.startswith("error: rendezvous with") and "Traceback" not in p.stderr, p.stderr
