@@ -34,8 +34,8 @@ import torchvision
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
 from common.distributed import mix_seed
+from imagenet.data import MEAN, STD
 
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 Box = tuple[int, int, int, int, bool]  # top, left, height, width, flip
 Batch = tuple[torch.Tensor | None, torch.Tensor | None, list[str]]  # x, y, bad: as imagenet/train.py's collate
 RGB = ImageReadMode.RGB  # grayscale and CMYK files come out as 3 channels, as with Pillow's convert("RGB")
