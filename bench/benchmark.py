@@ -79,11 +79,11 @@ def bare_vision_step(
     return step
 
 
-def script_rate(cmd: list[str], out: Path, key: str, skip: int = 2, env: dict | None = None) -> tuple[float, str]:
+def script_rate(cmd: list[str], out: Path, key: str, skip: int = 2) -> tuple[float, str]:
     """Run a train.py command; return the median of its logged ``key`` (after ``skip`` warm-up records)."""
-    full = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     t0 = time.time()
-    p = subprocess.run(cmd, cwd=REPO, env=full, capture_output=True, text=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
     recs = [json.loads(line) for line in open(out / "metrics.jsonl")]
@@ -97,7 +97,26 @@ def cmd_str(cmd: list[str]) -> str:
     return " ".join(str(c) for c in cmd).replace(sys.executable, "python3")
 
 
+def script_row(bench: str, what: str, cmd: list[str], out: Path, key: str, skip: int = 2, **extra) -> dict:
+    """Run a train.py command and return its results row: the median ``key``, wall time and exact command.
+    A failed run becomes a FAILED row, so one broken configuration does not lose the measurements after it."""
+    try:
+        rate, wall = script_rate(cmd, out, key, skip)
+    except RuntimeError as e:
+        print(e, file=sys.stderr)
+        return {"bench": bench, "what": f"FAILED: {what}"}
+    return {"bench": bench, "what": what, **extra, key: rate, "wall": wall, "cmd": cmd_str(cmd)}
+
+
 # ------------------------------------------------------------------ measurements
+
+# name -> (description, autocast dtype, channels_last, compile, the same as imagenet/train.py flags)
+RN50_CONFIGS = {
+    "fp32": ("fp32 (TF32 convs, eager)", None, False, False, ["--amp", "none", "--no-channels-last"]),
+    "bf16cl": ("bf16 + channels_last", torch.bfloat16, True, False, ["--amp", "bf16", "--channels-last"]),
+    "compile": ("bf16 + channels_last + compile", torch.bfloat16, True, True,
+                ["--amp", "bf16", "--channels-last", "--compile"]),
+}  # fmt: skip
 
 
 def bench_resnet50(args, device, rows):
@@ -106,67 +125,24 @@ def bench_resnet50(args, device, rows):
 
     b, size, iters = (args.rn50_batch, 224, args.iters) if not args.tiny else (4, 64, 2)
     torch.backends.cudnn.benchmark = True
-    configs = [
-        ("fp32 (TF32 convs, eager)", None, False, False),
-        ("bf16 + channels_last", torch.bfloat16, True, False),
-        ("bf16 + channels_last + compile", torch.bfloat16, True, True),
-    ]
-    keys = ["fp32", "bf16cl", "compile"]
     wanted = ["fp32"] if args.tiny else args.rn50_configs.split(",")
-    configs = [c for k, c in zip(keys, configs) if k in wanted]
-    for name, dtype, cl, comp in configs:
+    configs = [c for k, c in RN50_CONFIGS.items() if k in wanted]
+    for name, dtype, cl, comp, _ in configs:
         torch.manual_seed(0)
         step = bare_vision_step(torchvision.models.resnet50(), b, size, 1000, dtype, cl, comp, device)
-        rows.append(
-            {
-                "bench": "resnet50",
-                "what": f"bare step, {name}",
-                "batch": b,
-                "img_per_s": timed(step, iters, 10 if not args.tiny else 1, b, device),
-            }
-        )
+        rate = timed(step, iters, 10 if not args.tiny else 1, b, device)
+        rows.append({"bench": "resnet50", "what": f"bare step, {name}", "batch": b, "img_per_s": rate})
         del step
         torch.cuda.empty_cache() if device.type == "cuda" else None
-    script_configs = [
-        ("fp32 (TF32 convs, eager)", ["--amp", "none", "--no-channels-last"]),
-        ("bf16 + channels_last", ["--amp", "bf16", "--channels-last"]),
-        ("bf16 + channels_last + compile", ["--amp", "bf16", "--channels-last", "--compile"]),
-    ]
-    for name, flags in [c for k, c in zip(keys, script_configs) if k in wanted]:
+    for name, *_, flags in configs:
         out = Path(args.out) / f"rn50_{len(rows)}"
-        steps = str(args.script_steps if not args.tiny else 3)
-        cmd = [
-            sys.executable,
-            "imagenet/train.py",
-            "--dummy",
-            "-a",
-            "resnet50",
-            "-b",
-            str(b),
-            "--max-steps",
-            steps,
-            "-p",
-            "10" if not args.tiny else "1",
-            "--output-dir",
-            str(out),
-            "--resume",
-            "none",
-            *flags,
-        ]
+        cmd = [sys.executable, "imagenet/train.py", "--dummy", "-a", "resnet50", "-b", str(b),
+               "--max-steps", str(args.script_steps if not args.tiny else 3), "-p", "10" if not args.tiny else "1",
+               "--output-dir", str(out), "--resume", "none", *flags]  # fmt: skip
         if args.tiny:
             cmd += ["--train-crop-size", "64", "--val-crop-size", "64", "--val-resize-size", "72", "-j", "0"]
             cmd += ["--dummy-sizes", "64", "16"]  # the end-of-run evaluation would otherwise see 50,000 images
-        rate, wall = script_rate(cmd, out, "img_per_s")
-        rows.append(
-            {
-                "bench": "resnet50",
-                "what": f"imagenet/train.py --dummy, {name}",
-                "batch": b,
-                "img_per_s": rate,
-                "wall": wall,
-                "cmd": cmd_str(cmd),
-            }
-        )
+        rows.append(script_row("resnet50", f"imagenet/train.py --dummy, {name}", cmd, out, "img_per_s", batch=b))
 
 
 def cifar_bare_epoch(args, device, n: int) -> float:
@@ -194,50 +170,21 @@ def cifar_bare_epoch(args, device, n: int) -> float:
 def bench_cifar(args, device, rows):
     """CIFAR ResNet-18: bare loop epoch vs cifar_resnet/train.py --gpu-data epoch (issue: <= 1.0 s/epoch)."""
     n = 45000 if not args.tiny else 64
-    rows.append(
-        {
-            "bench": "cifar",
-            "what": "bare step ResNet-18, bf16+cl+compile, resident data",
-            "epoch_s": cifar_bare_epoch(args, device, n),
-            "img_per_s": None,
-        }
-    )
-    rows[-1]["img_per_s"] = n / rows[-1]["epoch_s"]
+    epoch_s = cifar_bare_epoch(args, device, n)
+    what = "bare step ResNet-18, bf16+cl+compile, resident data"
+    rows.append({"bench": "cifar", "what": what, "img_per_s": n / epoch_s, "epoch_s": epoch_s})
     data = ["--data-dir", args.cifar_dir, "--val-split", "5000"] if args.cifar_dir else ["--synthetic"]
     for name, flags in [("--gpu-data", ["--gpu-data"]), ("DataLoader (Pillow)", ["-j", str(args.workers)])]:
         out = Path(args.out) / f"cifar_{len(rows)}"
-        epochs = "3" if not args.tiny else "1"
-        cmd = [
-            sys.executable,
-            "cifar_resnet/train.py",
-            *data,
-            "-b",
-            "512" if not args.tiny else "8",
-            "--epochs",
-            epochs,
-            "-p",
-            "20" if not args.tiny else "1",
-            "--output-dir",
-            str(out),
-            "--resume",
-            "none",
-            *flags,
-        ]
+        cmd = [sys.executable, "cifar_resnet/train.py", *data, "-b", "512" if not args.tiny else "8",
+               "--epochs", "3" if not args.tiny else "1", "-p", "20" if not args.tiny else "1",
+               "--output-dir", str(out), "--resume", "none", *flags]  # fmt: skip
         if not args.tiny:
             cmd.append("--compile")
         else:
             cmd += ["--max-steps", "3", "-j", "0"]
-        rate, wall = script_rate(cmd, out, "img_per_s", skip=1 if args.tiny else 3)
-        rows.append(
-            {
-                "bench": "cifar",
-                "what": f"cifar_resnet/train.py {name}",
-                "img_per_s": rate,
-                "epoch_s": n / rate,
-                "wall": wall,
-                "cmd": cmd_str(cmd),
-            }
-        )
+        row = script_row("cifar", f"cifar_resnet/train.py {name}", cmd, out, "img_per_s", 1 if args.tiny else 3)
+        rows.append({**row, "epoch_s": n / row["img_per_s"]} if "img_per_s" in row else row)
 
 
 def _upscale(job: tuple[str, str, int, int]) -> int:
@@ -275,14 +222,13 @@ def bench_jpeg(args, device, rows):
     root = Path(args.out) / "jpeg500"
     cifar_dir, n_train, n_val, size = args.cifar_dir, args.jpeg_images, 512, (500, 375)
     if args.tiny:  # a few made-up 32 px JPEGs in the CIFAR layout stand in for the real ones
-        from tests.conftest import make_jpeg_imagefolder
+        import PIL.Image
 
-        cifar_dir, n_train, n_val, size = (
-            str(make_jpeg_imagefolder(Path(args.out) / "cifar", {"train": 24})),
-            16,
-            8,
-            (40, 30),
-        )
+        cifar_dir, n_train, n_val, size = str(Path(args.out) / "cifar"), 16, 8, (40, 30)
+        for i in range(24):
+            d = Path(cifar_dir, "train", f"class{i % 2}")
+            d.mkdir(parents=True, exist_ok=True)
+            PIL.Image.new("RGB", (32, 32), (40 * i % 256, 200 * (i % 2), 90)).save(d / f"{i}.jpg", quality=90)
     t0 = time.time()
     mean_bytes = make_jpeg_folder(cifar_dir, root, n_train, n_val, size, workers=args.workers)
     what = f"{n_train} JPEGs of {size[0]}x{size[1]} q90 ({mean_bytes / 1e3:.0f} KB)"
@@ -297,32 +243,25 @@ def bench_jpeg(args, device, rows):
                     "--val-crop-size", "32"]  # fmt: skip
         else:
             cmd += ["--amp", "bf16", "--channels-last", "--compile"]
-        rate, wall = script_rate(cmd, out, "img_per_s", skip=2 if not args.tiny else 1)
-        rows.append(
-            {
-                "bench": "jpeg",
-                "what": f"imagenet/train.py ResNet-50, {what}, {name}",
-                "batch": b,
-                "img_per_s": rate,
-                "wall": wall,
-                "cmd": cmd_str(cmd),
-            }
-        )
+        what_run = f"imagenet/train.py ResNet-50, {what}, {name}"
+        rows.append(script_row("jpeg", what_run, cmd, out, "img_per_s", 2 if not args.tiny else 1, batch=b))
+
+
+def build_transformer(preset: str, vocab: int) -> nn.Module:
+    from transformer.model import PRESETS, ModelConfig, Transformer
+
+    return Transformer(ModelConfig(vocab_size=vocab, **PRESETS[preset]))
 
 
 def transformer_params(preset: str, vocab: int) -> int:
-    from transformer.model import PRESETS, ModelConfig, Transformer
-
-    return sum(p.numel() for p in Transformer(ModelConfig(vocab_size=vocab, **PRESETS[preset])).parameters())
+    return sum(p.numel() for p in build_transformer(preset, vocab).parameters())
 
 
 def baseline_transformer_step(preset: str, vocab: int, pad_to: int, batch: int, device):
     """The tutorial's loop on the same model: every sentence padded to `pad_to`, fp32, loss over the padded
     length. Returns (step, real target tokens per step)."""
-    from transformer.model import PRESETS, ModelConfig, Transformer
-
     g = torch.Generator().manual_seed(0)
-    model = Transformer(ModelConfig(vocab_size=vocab, **PRESETS[preset])).to(device)
+    model = build_transformer(preset, vocab).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     lengths = torch.randint(8, 24, (batch,), generator=g)  # Multi30k-like sentence lengths (mean about 15)
     src = torch.zeros(batch, pad_to, dtype=torch.long)
@@ -345,9 +284,7 @@ def baseline_transformer_step(preset: str, vocab: int, pad_to: int, batch: int, 
 def bare_transformer_step(preset: str, vocab: int, tokens: int, length: int, device, compile_: bool):
     """The ceiling: the same model on a full batch of `tokens // length` pairs of equal length (no padding),
     bf16 autocast, fused AdamW, optionally compiled. Returns (step, target tokens per step)."""
-    from transformer.model import PRESETS, ModelConfig, Transformer
-
-    model = Transformer(ModelConfig(vocab_size=vocab, **PRESETS[preset])).to(device)
+    model = build_transformer(preset, vocab).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     b = max(1, tokens // length)
     src = torch.randint(4, vocab, (b, length), device=device)
@@ -371,7 +308,6 @@ def bench_transformer(args, device, rows):
     the ceiling. MFU = 6 * params * target tokens/s / peak: conservative, since the encoder's FLOPs follow the
     source tokens (German has about 10% more than English) and attention (under 2% at ~15-token sentences) is
     left out."""
-
     vocab = 8000
     peak = args.peak_tflops * 1e12
     configs = [c.split(":") for c in args.tr_configs.split(",")] if not args.tiny else [["tiny", "256"]]
@@ -386,12 +322,11 @@ def bench_transformer(args, device, rows):
     nprocs = [1] + ([2] if torch.cuda.device_count() >= 2 and not args.tiny else [])
     for preset, tokens, *opts in configs:
         n_params = transformer_params(preset, vocab)
+        compiled = ", compile" * ("compile" in opts)
         if device.type == "cuda" and "bare" in opts:
             step, per_step = bare_transformer_step(preset, vocab, int(tokens), 24, device, "compile" in opts)
             rate = timed(step, args.iters, 10, per_step, device)
-            what = f"bare step {preset}, {tokens} tokens as {per_step // 24}x24, bf16" + (
-                ", compile" * ("compile" in opts)
-            )
+            what = f"bare step {preset}, {tokens} tokens as {per_step // 24}x24, bf16{compiled}"
             rows.append({"bench": "transformer", "what": what, "tok_per_s": rate, "mfu": 6 * n_params * rate / peak})
             del step
             torch.cuda.empty_cache()
@@ -406,24 +341,11 @@ def bench_transformer(args, device, rows):
                    "--output-dir", str(out), "--resume", "none"]  # fmt: skip
             cmd += ["--compile"] if "compile" in opts else []
             cmd += ["--vocab-size", str(vocab)] if not args.tiny else []
-            try:
-                rate, wall = script_rate(cmd, out, "tok_per_s", skip=3 if not args.tiny else 1)
-            except RuntimeError as e:  # one failed configuration must not lose the others
-                print(e, file=sys.stderr)
-                rows.append({"bench": "transformer", "what": f"FAILED: {cmd_str(cmd)}"})
-                continue
-            mfu = 6 * n_params * rate / (peak * nproc) if device.type == "cuda" else None
-            rows.append(
-                {
-                    "bench": "transformer",
-                    "what": f"transformer/train.py {preset}, {tokens} tok/GPU, {nproc} GPU(s), bf16"
-                    + (", compile" * ("compile" in opts)),
-                    "tok_per_s": rate,
-                    "mfu": mfu,
-                    "wall": wall,
-                    "cmd": cmd_str(cmd),
-                }
-            )
+            what = f"transformer/train.py {preset}, {tokens} tok/GPU, {nproc} GPU(s), bf16{compiled}"
+            row = script_row("transformer", what, cmd, out, "tok_per_s", 3 if not args.tiny else 1)
+            if "tok_per_s" in row and device.type == "cuda":
+                row["mfu"] = 6 * n_params * row["tok_per_s"] / (peak * nproc)
+            rows.append(row)
 
 
 BENCHES = {"resnet50": bench_resnet50, "jpeg": bench_jpeg, "cifar": bench_cifar, "transformer": bench_transformer}

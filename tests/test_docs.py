@@ -9,6 +9,7 @@ import torch
 
 from tests.conftest import PY, REPO, run
 
+TINY_CIFAR = [PY, "cifar_resnet/train.py", "--synthetic", "-b", "4", "-j", "0", "-p", "1"]  # seconds on a CPU
 CPU_BLOCK = re.compile(r"<!-- cpu-tested -->\s*```bash\n(.*?)```", re.S)
 
 
@@ -74,23 +75,7 @@ def test_copy_as_template_runs_unchanged(tmp_path):
 
 def test_plot_metrics_renders_png(tmp_path):
     out = tmp_path / "run"
-    run(
-        [
-            PY,
-            "cifar_resnet/train.py",
-            "--synthetic",
-            "--max-steps",
-            "3",
-            "-b",
-            "4",
-            "-j",
-            "0",
-            "-p",
-            "1",
-            "--output-dir",
-            out,
-        ]
-    )
+    run([*TINY_CIFAR, "--max-steps", "3", "--output-dir", out])
     run([PY, "scripts/plot_metrics.py", out, out / "metrics.jsonl", "--out", tmp_path / "p.png"])
     data = (tmp_path / "p.png").read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
@@ -98,20 +83,7 @@ def test_plot_metrics_renders_png(tmp_path):
 
 def test_wandb_offline_and_run_id_reused_on_resume(tmp_path):
     env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    cmd = [
-        PY,
-        "cifar_resnet/train.py",
-        "--synthetic",
-        "-b",
-        "4",
-        "-j",
-        "0",
-        "-p",
-        "1",
-        "--output-dir",
-        tmp_path,
-        "--wandb",
-    ]
+    cmd = [*TINY_CIFAR, "--output-dir", tmp_path, "--wandb"]
     run([*cmd, "--max-steps", "2"], env=env)
     first = torch.load(tmp_path / "last.pt", weights_only=True)["wandb_id"]
     run([*cmd, "--max-steps", "4"], env=env)
@@ -125,18 +97,7 @@ def test_wandb_missing_is_one_line(tmp_path):
     shim.mkdir(parents=True)
     (shim / "__init__.py").write_text("raise ImportError('No module named wandb')\n")
     p = run(
-        [
-            PY,
-            "cifar_resnet/train.py",
-            "--synthetic",
-            "--max-steps",
-            "1",
-            "-j",
-            "0",
-            "--output-dir",
-            tmp_path / "o",
-            "--wandb",
-        ],
+        [*TINY_CIFAR, "--max-steps", "1", "--output-dir", tmp_path / "o", "--wandb"],
         env={"PYTHONPATH": str(tmp_path / "shim")},
         check=False,
     )
