@@ -247,10 +247,11 @@ def bench_jpeg(args, device, rows):
         rows.append(script_row("jpeg", what_run, cmd, out, "img_per_s", 2 if not args.tiny else 1, batch=b))
 
 
-def build_transformer(preset: str, vocab: int) -> nn.Module:
+def build_transformer(preset: str, vocab: int, dropout: float | None = None) -> nn.Module:
     from transformer.model import PRESETS, ModelConfig, Transformer
 
-    return Transformer(ModelConfig(vocab_size=vocab, **PRESETS[preset]))
+    cfg = {**PRESETS[preset], **({} if dropout is None else {"dropout": dropout})}
+    return Transformer(ModelConfig(vocab_size=vocab, **cfg))
 
 
 def transformer_params(preset: str, vocab: int) -> int:
@@ -281,25 +282,69 @@ def baseline_transformer_step(preset: str, vocab: int, pad_to: int, batch: int, 
     return step, int(lengths.sum())
 
 
-def bare_transformer_step(preset: str, vocab: int, tokens: int, length: int, device, compile_: bool):
+def bare_transformer_step(preset: str, vocab: int, tokens: int, length: int, device, opts: list[str]):
     """The ceiling: the same model on a full batch of `tokens // length` pairs of equal length (no padding),
-    bf16 autocast, fused AdamW, optionally compiled. Returns (step, target tokens per step)."""
-    model = build_transformer(preset, vocab).to(device)
+    bf16 autocast, fused AdamW. opts: "compile" compiles the model, "lossc" compiles model and loss together
+    (the cross-entropy over the vocabulary fuses too), "nodrop" sets dropout to 0 (what dropout costs).
+    Returns (step, target tokens per step)."""
+    model = build_transformer(preset, vocab, dropout=0.0 if "nodrop" in opts else None).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     b = max(1, tokens // length)
     src = torch.randint(4, vocab, (b, length), device=device)
     tgt = torch.randint(4, vocab, (b, length + 1), device=device)
-    fwd = torch.compile(model) if compile_ else model
+
+    def loss_fn(src, tgt):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            logits = model(src, tgt[:, :-1])
+        return F.cross_entropy(logits.flatten(0, 1).float(), tgt[:, 1:].flatten(), label_smoothing=0.1)
+
+    if "lossc" in opts:
+        loss_fn = torch.compile(loss_fn)
+    elif "compile" in opts:
+        model = torch.compile(model)
 
     def step():
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            logits = fwd(src, tgt[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt[:, 1:].flatten(), label_smoothing=0.1)
-        loss.backward()
+        loss_fn(src, tgt).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
     return step, b * length
+
+
+KERNEL_KINDS = [  # (kind, substrings of CUDA kernel names), first match wins
+    ("attention (SDPA)", ("fmha", "flash", "attention", "efficient")),
+    ("matmul", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "sm90_", "sm80_")),
+    ("optimizer", ("multi_tensor", "adam")),
+    ("fused elementwise/norm (Triton)", ("triton",)),
+    ("loss (eager)", ("softmax", "nll", "cross_entropy")),
+]
+
+
+def profile_step(step, path: Path, steps: int = 5) -> dict:
+    """Profile ``steps`` calls of a warmed-up ``step``: GPU kernel time by kind, per step, against the wall time.
+    Writes the top kernels to ``path``. A kernel total well under the wall time means the GPU waits on the host."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / steps
+    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    us = {e.key: e.self_device_time_total / steps for e in kernels}  # microseconds per step
+    kinds: dict[str, float] = {}
+    for name, t in us.items():
+        kind = next((k for k, subs in KERNEL_KINDS if any(x in name.lower() for x in subs)), "other")
+        kinds[kind] = kinds.get(kind, 0.0) + t / 1e3
+    top = sorted(us.items(), key=lambda kv: -kv[1])[:30]
+    lines = [f"wall {wall * 1e3:.2f} ms/step, GPU kernels {sum(us.values()) / 1e3:.2f} ms/step"]
+    lines += [f"  {k}: {v:.2f} ms" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])]
+    lines += ["top kernels (ms/step, name):"] + [f"  {t / 1e3:8.3f}  {n[:150]}" for n, t in top]
+    path.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[: 2 + len(kinds)]), file=sys.stderr)
+    return {"wall_ms": wall * 1e3, "kernel_ms": sum(us.values()) / 1e3, **{k: round(v, 2) for k, v in kinds.items()}}
 
 
 def bench_transformer(args, device, rows):
@@ -319,15 +364,22 @@ def bench_transformer(args, device, rows):
         rows.append({"bench": "transformer", "what": what, "tok_per_s": rate})
         del step
     data = ["--data", args.multi30k, "--lang-src", "de", "--lang-tgt", "en"] if args.multi30k else ["--synthetic"]
-    nprocs = [1] + ([2] if torch.cuda.device_count() >= 2 and not args.tiny else [])
+    nprocs = [n for n in map(int, args.tr_nprocs.split(",")) if n == 1 or n <= torch.cuda.device_count()]
     for preset, tokens, *opts in configs:
         n_params = transformer_params(preset, vocab)
         compiled = ", compile" * ("compile" in opts)
         if device.type == "cuda" and "bare" in opts:
-            step, per_step = bare_transformer_step(preset, vocab, int(tokens), 24, device, "compile" in opts)
+            step, per_step = bare_transformer_step(preset, vocab, int(tokens), 24, device, opts)
             rate = timed(step, args.iters, 10, per_step, device)
-            what = f"bare step {preset}, {tokens} tokens as {per_step // 24}x24, bf16{compiled}"
-            rows.append({"bench": "transformer", "what": what, "tok_per_s": rate, "mfu": 6 * n_params * rate / peak})
+            extra = ", model and loss compiled together" * ("lossc" in opts) + ", dropout 0" * ("nodrop" in opts)
+            what = f"bare step {preset}, {tokens} tokens as {per_step // 24}x24, bf16{compiled}{extra}"
+            row = {"bench": "transformer", "what": what, "tok_per_s": rate, "mfu": 6 * n_params * rate / peak}
+            if "profile" in opts:
+                try:
+                    row["profile"] = profile_step(step, Path(args.out) / f"profile_{'_'.join([preset, *opts])}.txt")
+                except Exception as e:  # the profile is extra: keep the timing row
+                    row["profile"] = f"FAILED: {e}"
+            rows.append(row)
             del step
             torch.cuda.empty_cache()
             continue
@@ -402,9 +454,11 @@ def main() -> None:
     p.add_argument(
         "--tr-configs",
         default="small:8192,base:65536:compile:bare,base:65536:compile",
-        help="transformer runs, comma-separated PRESET:TOKENS_PER_GPU[:compile][:bare] (bare: the bare step only)",
+        help="transformer runs, comma-separated PRESET:TOKENS_PER_GPU[:compile][:bare[:lossc][:nodrop][:profile]] "
+        "(bare: the bare step only; see bare_transformer_step)",
     )
     p.add_argument("--tr-steps", type=int, default=60, help="--max-steps of each transformer script run")
+    p.add_argument("--tr-nprocs", default="1,2,4", help="GPU counts of the transformer script runs (those present)")
     p.add_argument("--tr-workers", type=int, default=4, help="-j of each transformer script run")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak per GPU for MFU (H100/H200 SXM)")
     p.add_argument("-j", "--workers", type=int, default=min(16, os.cpu_count() or 1))

@@ -266,8 +266,22 @@ def main(args: argparse.Namespace) -> None:
         model = nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True
         )
+
+    def forward_loss(src, tgt_in, tgt_out):
+        """Summed token cross-entropy of one batch. Model and loss in one function, so that when compiled the
+        loss over the whole vocabulary (the largest activation, batch x length x vocab) fuses as well."""
+        with autocast(device, dtype):
+            logits = model(src, tgt_in)
+            return F.cross_entropy(
+                logits.flatten(0, 1),
+                tgt_out.flatten(),
+                ignore_index=PAD,
+                label_smoothing=args.label_smoothing,
+                reduction="sum",
+            )
+
     # dynamic=True: batch shapes change with every length bucket; compile once for all of them.
-    train_model = torch.compile(model, dynamic=True) if args.compile else model
+    train_loss = torch.compile(forward_loss, dynamic=True) if args.compile else forward_loss
 
     # ---- optimizer and LR schedule (a pure function of the step)
     optimizer = torch.optim.AdamW(
@@ -305,7 +319,9 @@ def main(args: argparse.Namespace) -> None:
             epoch, batch_in_epoch = epoch + (batch_in_epoch > 0), 0
         del ckpt
 
-    def save(name: str, keep_last: int = 0) -> None:
+    def save(name: str, keep_last: int = 0) -> float:
+        """Returns the seconds it took, which the throughput leaves out (as it does evaluation)."""
+        t = time.time()
         if info.is_main:  # [DDP 4] only rank 0 writes, atomically
             save_checkpoint(
                 {
@@ -327,6 +343,7 @@ def main(args: argparse.Namespace) -> None:
                 out / name,
                 keep_last=keep_last,
             )
+        return time.time() - t
 
     n_params = count_params(model_without_ddp.parameters())
     logger = MetricsLogger(out, info, args.wandb)
@@ -378,7 +395,7 @@ def main(args: argparse.Namespace) -> None:
     stopped = False
     loss_sum, tok_done, t0 = torch.zeros((), device=device), 0, time.time()
     while epoch < args.epochs and step < max_steps and not stopped:
-        train_model.train()
+        model.train()
         sampler.set_epoch(epoch, skip=batch_in_epoch)
         step_tokens = sampler.step_tokens()  # target tokens of each optimizer step, all ranks together
         for i, (src, tgt_in, tgt_out) in enumerate(train_loader, start=batch_in_epoch):
@@ -387,15 +404,7 @@ def main(args: argparse.Namespace) -> None:
                 torch.manual_seed(mix_seed(args.seed, info.rank, step))
             sync = (i + 1) % args.accum_steps == 0
             with model.no_sync() if (not sync and info.world_size > 1) else contextlib.nullcontext():
-                with autocast(device, dtype):
-                    logits = train_model(src, tgt_in)
-                    loss = F.cross_entropy(
-                        logits.flatten(0, 1),
-                        tgt_out.flatten(),
-                        ignore_index=PAD,
-                        label_smoothing=args.label_smoothing,
-                        reduction="sum",
-                    )
+                loss = train_loss(src, tgt_in, tgt_out)
                 # DDP averages gradients over ranks; x world_size / tokens makes the step's gradient the mean
                 # over every target token of the step, however unevenly the tokens fall on ranks and micro-batches.
                 scaler.scale(loss * (info.world_size / step_tokens[i // args.accum_steps])).backward()
@@ -423,7 +432,7 @@ def main(args: argparse.Namespace) -> None:
                 loss_sum.zero_()
                 tok_done, t0 = 0, time.time()
             if args.save_every_steps and step % args.save_every_steps == 0:
-                save("last.pt", args.keep_last)
+                t0 += save("last.pt", args.keep_last)
             stopped = stop.should_stop()
             if step >= max_steps or stopped:
                 break
@@ -439,7 +448,7 @@ def main(args: argparse.Namespace) -> None:
                 save("best.pt")
             loss_sum.zero_()  # keep eval time out of the throughput
             tok_done, t0 = 0, time.time()
-        save("last.pt")
+        t0 += save("last.pt")  # a small corpus checkpoints often; keep that out of the tokens/s too
     stop.close()
     progress.close()
     if stopped:

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# The 4-GPU session recorded in BENCHMARKS.md §7 (run from the repo root on one host with 4 GPUs and 64 cores;
+# CIFAR JPEGs in .data/train.tar.xz, Multi30k in .data/multi30k). Logs land in $OUT, every metrics.jsonl and
+# results.json in $OUT/runs.tgz (re-packed after each run, so a run cut short still returns what finished).
+#   bash bench/device_4gpu.sh phase1   # quality queues side by side, one per GPU (pinned CPU sets); ~8 min
+#   bash bench/device_4gpu.sh phase2   # timed, one at a time: ResNet-50 1/2/4 GPUs and 2 agents x 2; CIFAR on 4
+#   bash bench/device_4gpu.sh phase3   # timed: transformer base 1/2/4 GPUs
+# shellcheck disable=SC2030,SC2031  # each queue sets its own CUDA_VISIBLE_DEVICES in its subshell, on purpose
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+t() { local s=$SECONDS; "$@"; echo "[$((SECONDS - s)) s wall] $*"; }
+med() { # med METRICS.jsonl KEY: median of the train records after the first two
+  python3 -c "import json,sys,statistics as s; r=[json.loads(l) for l in open(sys.argv[1]) if '\"train\"' in l]
+print(sys.argv[1], sys.argv[2], round(s.median(x[sys.argv[2]] for x in r[2:])))" "$1" "$2"
+}
+CIFAR=(cifar_resnet/train.py --data-dir /tmp/c --val-split 5000 --compile --lr 0.4 -j 16 --tta --epochs 80
+  --eval-every 10 -p 1000)
+cifar() { # cifar NAME NPROC PER-GPU-BATCH SEED [FLAGS...]: the 80-epoch recipe; metrics copied to $OUT
+  local name=$1 n=$2 b=$3 seed=$4
+  shift 4
+  local launch=(python3)
+  [ "$n" -gt 1 ] && launch=(torchrun --standalone --nproc_per_node="$n")
+  t "${launch[@]}" "${CIFAR[@]}" -b "$b" --seed "$seed" --output-dir "/tmp/$name" "$@" >"/tmp/$name.log" 2>&1
+  grep -E "^done|rror|\[.* s wall\]" "/tmp/$name.log" | tail -3
+  keep "/tmp/$name/metrics.jsonl" "$name.jsonl"
+}
+keep() { # keep FILE NAME: into the returned archive
+  mkdir -p /tmp/keep && cp "$1" "/tmp/keep/$2" && tar -czf "$OUT/runs.tgz.tmp" -C /tmp/keep . && mv "$OUT/runs.tgz.tmp" "$OUT/runs.tgz"
+}
+pin() { taskset -cp "$1" "$BASHPID" >/dev/null; } # this queue and its children on these cores
+[ -d /tmp/c/train ] || { mkdir -p /tmp/c && tar -xJf .data/train.tar.xz -C /tmp/c; }
+nvidia-smi -L
+
+case ${1:-} in
+phase1)
+  nvidia-smi dmon -s pc -d 5 >"$OUT/dmon_phase1.txt" 2>&1 &
+  dmon=$!
+  ( # GPU 0, cores 0-16: the 1-GPU CIFAR recipe from a cold compile cache, then real JPEGs (Pillow vs GPU decode)
+    pin 0-16
+    export CUDA_VISIBLE_DEVICES=0 TORCHINDUCTOR_CACHE_DIR=/tmp/ind0
+    cifar c1_seed0_cold 1 512 0 --gpu-data
+    python3 bench/benchmark.py --only jpeg --cifar-dir /tmp/c --out /tmp/jpeg >/tmp/jpeg.log 2>&1
+    grep -E "^\||\[jpeg\]|FAILED" /tmp/jpeg.log
+    keep /tmp/jpeg/results.json jpeg_results.json
+    cifar c1_seed0_warm 1 512 0 --gpu-data
+  ) >"$OUT/q0.log" 2>&1 &
+  q0=$!
+  ( # GPU 1, cores 17-31: the documented BLEU recipe (new length order), then the transformer bare-step profile
+    pin 17-31
+    export CUDA_VISIBLE_DEVICES=1
+    t python3 transformer/train.py --data .data/multi30k --lang-src de --lang-tgt en --preset small \
+      --max-tokens 8192 --lr 1e-3 --warmup-steps 1000 --epochs 60 --eval-every 5 -p 100 --samples 0 \
+      --output-dir /tmp/deen >/tmp/deen.log 2>&1
+    grep -E "^done|val:|rror" /tmp/deen.log
+    keep /tmp/deen/metrics.jsonl multi30k_deen_small.jsonl
+    python3 bench/benchmark.py --only transformer --tr-nprocs 1 --out /tmp/prof \
+      --tr-configs base:65536:compile:bare:profile,base:65536:bare:lossc:profile,base:65536:compile:bare:nodrop \
+      >/tmp/prof.log 2>&1
+    grep -E "^\||wall|ms$|FAILED" /tmp/prof.log
+    keep /tmp/prof/results.json profile_results.json
+    cat /tmp/prof/profile_*.txt >"$OUT/profiles.txt"
+  ) >"$OUT/q1.log" 2>&1 &
+  q1=$!
+  ( # GPUs 2-3, cores 32-63: the recipe on 2 GPUs (same global batch 512), 3 seeds; then GPU data vs DataLoader
+    pin 32-63
+    export CUDA_VISIBLE_DEVICES=2,3
+    for s in 0 1 2; do cifar "c2_seed$s" 2 256 "$s" --gpu-data; done
+    export CUDA_VISIBLE_DEVICES=2 # time to accuracy: a 20-epoch recipe through each data path
+    cifar c1_e20_gpudata 1 512 0 --gpu-data --epochs 20 --eval-every 5
+    cifar c1_e20_loader 1 512 0 --epochs 20 --eval-every 5
+  ) >"$OUT/q2.log" 2>&1 &
+  q2=$!
+  wait "$q0" "$q1" "$q2"
+  kill "$dmon"
+  ;;
+phase2)
+  R=(imagenet/train.py --dummy -a resnet50 -b 256 --max-steps 60 -p 10 --resume none --amp bf16 --channels-last)
+  for n in 1 2 4; do
+    t torchrun --standalone --nproc_per_node=$n "${R[@]}" --output-dir /tmp/r$n >/tmp/r$n.log 2>&1
+    med /tmp/r$n/metrics.jsonl img_per_s
+    keep /tmp/r$n/metrics.jsonl "rn50_bf16cl_${n}gpu.jsonl"
+  done
+  echo "== two torchrun agents x 2 GPUs"
+  for k in 0 1; do
+    CUDA_VISIBLE_DEVICES=$((2 * k)),$((2 * k + 1)) scripts/torchrun_multinode.sh --nnodes 2 --nproc-per-node 2 \
+      --master 127.0.0.1:29700 --rdzv-id two2 "${R[@]}" --output-dir /tmp/r22 >"/tmp/r22_$k.log" 2>&1 &
+  done
+  wait
+  med /tmp/r22/metrics.jsonl img_per_s
+  python3 -c "import json;c=json.load(open('/tmp/r22/config.json'));print('world', c['world_size'], c['launcher'])"
+  keep /tmp/r22/metrics.jsonl rn50_bf16cl_2x2agents.jsonl
+  for n in 1 4; do
+    t torchrun --standalone --nproc_per_node=$n "${R[@]}" --compile --output-dir /tmp/rc$n >/tmp/rc$n.log 2>&1
+    med /tmp/rc$n/metrics.jsonl img_per_s
+    keep /tmp/rc$n/metrics.jsonl "rn50_compile_${n}gpu.jsonl"
+  done
+  echo "== CIFAR recipe on 4 GPUs (128 per GPU: global batch 512)"
+  for s in 0 1 2; do cifar c4_seed$s 4 128 $s --gpu-data; done
+  ;;
+phase3)
+  t python3 bench/benchmark.py --only transformer --multi30k .data/multi30k --tr-configs base:65536:compile \
+    --tr-nprocs 1,2,4 --tr-steps 40 --out /tmp/tr3 >/tmp/tr3.log 2>&1
+  grep -E "^\||FAILED" /tmp/tr3.log
+  keep /tmp/tr3/results.json transformer_scaling.json
+  for d in /tmp/tr3/tr_*; do keep "$d/metrics.jsonl" "$(basename "$d").jsonl"; done
+  ;;
+*)
+  echo "usage: $0 phase1|phase2|phase3" >&2
+  exit 2
+  ;;
+esac
