@@ -5,7 +5,9 @@
     python bench/benchmark.py --tiny --out o                  # CPU smoke mode (CI runs this so it cannot rot)
 
 All parts together take longer than one 10-minute slot: on one H200 the two compiled ResNet-50 rows took about
-3 min and the transformer part about 4 min. Run them in parts (--only). The jpeg part has not run on a GPU yet.
+3 min and the transformer part about 4 min; on an H100 the jpeg part took 161 s. A compiled transformer `base`
+script run takes about 3 min (dynamic-shape compilation on every rank), so run 1, 2 and 4 GPUs as separate
+calls (--tr-nprocs). Run the parts separately (--only).
 
 Writes ``OUT/results.json`` and ``OUT/results.md``: device, GPU count, torch/CUDA versions, and for every row the
 exact command (script rows) or the baseline it is (bare rows). Each script row is measured in the same run as
@@ -416,6 +418,21 @@ def environment(device: torch.device) -> dict:
     return env
 
 
+class Results(list):
+    """The rows measured so far. Every append rewrites results.json and results.md, so a run stopped by a time
+    limit still leaves each finished measurement on disk (a third-session device call lost 8 minutes of
+    transformer runs because the file was written only at the end of the part)."""
+
+    def __init__(self, out: Path, env: dict):
+        super().__init__()
+        self.out, self.env = out, env
+
+    def append(self, row: dict) -> None:
+        super().append(row)
+        (self.out / "results.json").write_text(json.dumps({"env": self.env, "rows": self}, indent=2))
+        (self.out / "results.md").write_text(to_markdown(self.env, self))
+
+
 def to_markdown(env: dict, rows: list[dict]) -> str:
     lines = [f"Device: {env.get('gpu', 'CPU')} x{env['gpu_count']}; torch {env['torch']}, CUDA {env['cuda']}", ""]
     cols = ["bench", "what", "batch", "img_per_s", "tok_per_s", "epoch_s", "mfu", "wall", "cmd"]
@@ -466,7 +483,7 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.backends.cudnn.allow_tf32 = True  # PyTorch's default for convolutions
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    env, rows = environment(device), []
+    rows = Results(Path(args.out), environment(device))
     for name in args.only.split(",") if args.only else BENCHES:
         t0 = time.time()
         try:
@@ -475,10 +492,7 @@ def main() -> None:
             rows.append({"bench": name, "what": f"FAILED: {str(e).splitlines()[0][:200]}"})
             print(e, file=sys.stderr)
         print(f"[{name}] {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
-        (Path(args.out) / "results.json").write_text(json.dumps({"env": env, "rows": rows}, indent=2))
-    md = to_markdown(env, rows)
-    (Path(args.out) / "results.md").write_text(md)
-    print(md)
+    print(to_markdown(rows.env, rows))
 
 
 if __name__ == "__main__":
