@@ -21,6 +21,13 @@ PANELS = [  # (title, split filter, key candidates)
 ]
 
 
+def default_label(path: Path) -> str:
+    """The run directory's name, or the file's when it is not called metrics.jsonl."""
+    if path.is_dir() or path.name == "metrics.jsonl":
+        return (path if path.is_dir() else path.parent).name
+    return path.stem
+
+
 def load(path: Path) -> list[dict]:
     path = path / "metrics.jsonl" if path.is_dir() else path
     recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -34,7 +41,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("runs", nargs="+", type=Path, help="metrics.jsonl files or run directories")
     p.add_argument("--out", default="metrics.png")
-    p.add_argument("--labels", nargs="*", help="legend labels (default: the run directory names)")
+    p.add_argument(
+        "--labels",
+        nargs="*",
+        help="legend labels (default: the run directory, or the file name when it is not metrics.jsonl)",
+    )
     args = p.parse_args()
 
     import matplotlib
@@ -45,9 +56,7 @@ def main() -> None:
     fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.4))
     for i, path in enumerate(args.runs):
         recs = load(path)
-        label = (
-            args.labels[i] if args.labels and i < len(args.labels) else (path if path.is_dir() else path.parent).name
-        )
+        label = args.labels[i] if args.labels and i < len(args.labels) else default_label(path)
         for ax, (title, split, keys) in zip(axes, PANELS):
             rows = [r for r in recs if (r.get("split") == "train") == (split == "train")]
             key = next((k for k in keys if any(k in r for r in rows)), None)
