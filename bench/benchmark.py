@@ -17,6 +17,7 @@ the bare loop it is compared with. Throughput is the median over timed windows a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -313,6 +314,18 @@ def bare_transformer_step(preset: str, vocab: int, tokens: int, length: int, dev
     return step, b * length
 
 
+# Attention kernels a bare step may be limited to (option names in --tr-configs). The profile of section 7 of
+# BENCHMARKS.md found PyTorch's default (cuDNN flash on H100) spending 30% of a step on 24-token rows.
+SDPA_CHOICES = {
+    "math": [torch.nn.attention.SDPBackend.MATH],  # batched matmuls + softmax, which compile can fuse
+    "efficient": [torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION],  # memory-efficient kernel, masks allowed
+    "nocudnn": [  # everything but cuDNN: flash where no mask is given, else memory-efficient
+        torch.nn.attention.SDPBackend.FLASH_ATTENTION,
+        torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION,
+        torch.nn.attention.SDPBackend.MATH,
+    ],
+}
+
 KERNEL_KINDS = [  # (kind, substrings of CUDA kernel names), first match wins
     ("attention (SDPA)", ("fmha", "flash", "attention", "efficient")),
     ("matmul", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "sm90_", "sm80_")),
@@ -371,16 +384,20 @@ def bench_transformer(args, device, rows):
         n_params = transformer_params(preset, vocab)
         compiled = ", compile" * ("compile" in opts)
         if device.type == "cuda" and "bare" in opts:
-            step, per_step = bare_transformer_step(preset, vocab, int(tokens), 24, device, opts)
-            rate = timed(step, args.iters, 10, per_step, device)
-            extra = ", model and loss compiled together" * ("lossc" in opts) + ", dropout 0" * ("nodrop" in opts)
-            what = f"bare step {preset}, {tokens} tokens as {per_step // 24}x24, bf16{compiled}{extra}"
-            row = {"bench": "transformer", "what": what, "tok_per_s": rate, "mfu": 6 * n_params * rate / peak}
-            if "profile" in opts:
-                try:
-                    row["profile"] = profile_step(step, Path(args.out) / f"profile_{'_'.join([preset, *opts])}.txt")
-                except Exception as e:  # the profile is extra: keep the timing row
-                    row["profile"] = f"FAILED: {e}"
+            attn = next((o for o in opts if o in SDPA_CHOICES), None)  # compiled and run under this choice
+            with torch.nn.attention.sdpa_kernel(SDPA_CHOICES[attn]) if attn else contextlib.nullcontext():
+                step, per_step = bare_transformer_step(preset, vocab, int(tokens), 24, device, opts)
+                rate = timed(step, args.iters, 10, per_step, device)
+                extra = ", model and loss compiled together" * ("lossc" in opts) + ", dropout 0" * ("nodrop" in opts)
+                extra += f", attention: {attn}" if attn else ""
+                what = f"bare step {preset}, {tokens} tokens as {per_step // 24}x24, bf16{compiled}{extra}"
+                row = {"bench": "transformer", "what": what, "tok_per_s": rate, "mfu": 6 * n_params * rate / peak}
+                if "profile" in opts:
+                    try:
+                        path = Path(args.out) / f"profile_{'_'.join([preset, *opts])}.txt"
+                        row["profile"] = profile_step(step, path)
+                    except Exception as e:  # the profile is extra: keep the timing row
+                        row["profile"] = f"FAILED: {e}"
             rows.append(row)
             del step
             torch.cuda.empty_cache()
@@ -471,7 +488,8 @@ def main() -> None:
     p.add_argument(
         "--tr-configs",
         default="small:8192,base:65536:compile:bare,base:65536:compile",
-        help="transformer runs, comma-separated PRESET:TOKENS_PER_GPU[:compile][:bare[:lossc][:nodrop][:profile]] "
+        help="transformer runs, comma-separated PRESET:TOKENS_PER_GPU[:compile][:bare[:lossc][:nodrop][:profile]"
+        "[:math|:efficient|:nocudnn]] "
         "(bare: the bare step only; see bare_transformer_step)",
     )
     p.add_argument("--tr-steps", type=int, default=60, help="--max-steps of each transformer script run")

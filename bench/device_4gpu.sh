@@ -5,6 +5,7 @@
 #   bash bench/device_4gpu.sh phase1   # quality queues side by side, one per GPU (pinned CPU sets); ~8 min
 #   bash bench/device_4gpu.sh phase2   # timed, one at a time: ResNet-50 1/2/4 GPUs and 2 agents x 2; CIFAR on 4
 #   bash bench/device_4gpu.sh phase3   # timed: transformer base 1/2/4 GPUs (TR_NPROCS="1 2" for a subset)
+#   bash bench/device_4gpu.sh phase4   # 1 GPU: the bare transformer step under each attention kernel
 # shellcheck disable=SC2030,SC2031  # each queue sets its own CUDA_VISIBLE_DEVICES in its subshell, on purpose
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -107,8 +108,15 @@ phase3) # one GPU count per call of the benchmark (each with its own same-run ba
     keep "/tmp/tr3_$n/results.json" "transformer_${n}gpu.json"
   done
   ;;
+phase4) # 1 GPU: the bare base step under each attention kernel choice (prepared after the profile; not run yet)
+  t python3 bench/benchmark.py --only transformer --tr-nprocs 1 --out /tmp/attn --tr-configs \
+    base:65536:bare:lossc,base:65536:bare:lossc:math,base:65536:bare:lossc:efficient,base:65536:bare:lossc:nocudnn \
+    >/tmp/attn.log 2>&1
+  grep -E "^\||FAILED" /tmp/attn.log
+  keep /tmp/attn/results.json transformer_attention.json
+  ;;
 *)
-  echo "usage: $0 phase1|phase2|phase3" >&2
+  echo "usage: $0 phase1|phase2|phase3|phase4" >&2
   exit 2
   ;;
 esac
