@@ -387,13 +387,16 @@ def main(args: argparse.Namespace) -> None:
     epoch, step, batch_in_epoch, best, wandb_id = pos.epoch, pos.step, pos.batch_in_epoch, pos.best_metric, pos.wandb_id
     set_schedule_position(scheduler, epoch * steps_per_epoch + batch_in_epoch // args.accum_steps, lr)
 
-    def save(name: str, keep_last: int = 0) -> None:
+    def save(name: str, keep_last: int = 0) -> float:
+        """Returns the seconds it took, which the throughput leaves out (as it does evaluation)."""
+        t = time.time()
         if info.is_main:  # [DDP 4] only rank 0 writes, atomically
             state = dict(model=model_without_ddp.state_dict(), optimizer=optimizer.state_dict(),
                          scheduler=scheduler.state_dict(), scaler=scaler.state_dict(), epoch=epoch, step=step,
                          batch_in_epoch=batch_in_epoch, best_metric=best, args=vars(args),
                          world_size=info.world_size, wandb_id=wandb_id)  # fmt: skip
             save_checkpoint(state, out / name, keep_last=keep_last)
+        return time.time() - t
 
     logger = MetricsLogger(out, info, args.wandb)
     config = logger.write_config(
@@ -461,7 +464,7 @@ def main(args: argparse.Namespace) -> None:
                 loss_sum.zero_()
                 loss_n, t0, step0 = 0, time.time(), step
             if args.save_every_steps and step % args.save_every_steps == 0:
-                save("last.pt", args.keep_last)
+                t0 += save("last.pt", args.keep_last)
             stopped = stop.should_stop()
             if step >= max_steps or stopped:
                 break
@@ -479,7 +482,7 @@ def main(args: argparse.Namespace) -> None:
                 best = m["acc1"]
                 save("best.pt")
             t0, step0 = time.time(), step  # keep eval time out of the throughput
-        save("last.pt")
+        t0 += save("last.pt")  # keep checkpoint time out of the throughput too
     stop.close()
     progress.close()
     if stopped:

@@ -383,13 +383,16 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
     set_schedule_position(scheduler, at, lr)
     step = step or at  # main.py's --start-epoch also counts the skipped epochs' steps
 
-    def save(name: str, keep_last: int = 0) -> None:
+    def save(name: str, keep_last: int = 0) -> float:
+        """Returns the seconds it took, which the throughput leaves out (as it does evaluation)."""
+        t = time.time()
         if info.is_main:  # [DDP 4] only global rank 0 writes (not every node's local rank 0), atomically
             state = dict(model=model_without_ddp.state_dict(), optimizer=optimizer.state_dict(),
                          scheduler=scheduler.state_dict(), scaler=scaler.state_dict(), epoch=epoch, step=step,
                          batch_in_epoch=batch_in_epoch, best_metric=best, args=vars(args), world_size=info.world_size,
                          wandb_id=wandb_id, arch=args.arch, num_classes=num_classes)  # fmt: skip
             save_checkpoint({**state, **({"model_ema": ema.state_dict()} if ema else {})}, out / name, keep_last)
+        return time.time() - t
 
     config = logger.write_config(
         args, {"global_batch": global_batch, "peak_lr": lr, "steps_per_epoch": steps_per_epoch}
@@ -454,7 +457,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
                 loss_sum.zero_()
                 loss_n, t0, step0 = 0, time.time(), step
             if args.save_every_steps and step % args.save_every_steps == 0:
-                save("last.pt", args.keep_last)
+                t0 += save("last.pt", args.keep_last)
             stopped = stop.should_stop()
             if step >= max_steps or stopped:
                 break
@@ -475,7 +478,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
                 best = m["acc1"]
                 save("best.pt")
             t0, step0 = time.time(), step  # keep eval time out of the throughput
-        save("last.pt")
+        t0 += save("last.pt")  # keep checkpoint time out of the throughput too
     stop.close()
     progress.close()
     if n_skipped:
