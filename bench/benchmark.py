@@ -327,7 +327,7 @@ SDPA_CHOICES = {
 }
 
 KERNEL_KINDS = [  # (kind, substrings of CUDA kernel names), first match wins
-    ("attention (SDPA)", ("fmha", "flash", "attention", "efficient")),
+    ("attention (SDPA)", ("fmha", "flash", "attention", "efficient", "cudnn")),  # the model's only cuDNN use
     ("matmul", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "sm90_", "sm80_")),
     ("optimizer", ("multi_tensor", "adam")),
     ("fused elementwise/norm (Triton)", ("triton",)),
@@ -362,6 +362,24 @@ def profile_step(step, path: Path, steps: int = 5) -> dict:
     return {"wall_ms": wall * 1e3, "kernel_ms": sum(us.values()) / 1e3, **{k: round(v, 2) for k, v in kinds.items()}}
 
 
+def bare_transformer_row(args, preset: str, vocab: int, tokens: int, opts: list[str], mfu_per_tok: float, device):
+    """Time (and with "profile" in opts, profile) the bare step of one --tr-configs entry; returns its row."""
+    attn = next((o for o in opts if o in SDPA_CHOICES), None)  # compiled and run under this choice
+    with torch.nn.attention.sdpa_kernel(SDPA_CHOICES[attn]) if attn else contextlib.nullcontext():
+        step, per_step = bare_transformer_step(preset, vocab, tokens, 24, device, opts)
+        rate = timed(step, args.iters, 10, per_step, device)
+        extra = ", compile" * ("compile" in opts) + ", model and loss compiled together" * ("lossc" in opts)
+        extra += ", dropout 0" * ("nodrop" in opts) + (f", attention: {attn}" if attn else "")
+        what = f"bare step {preset}, {tokens} tokens as {per_step // 24}x24, bf16{extra}"
+        row = {"bench": "transformer", "what": what, "tok_per_s": rate, "mfu": mfu_per_tok * rate}
+        if "profile" in opts:
+            try:
+                row["profile"] = profile_step(step, Path(args.out) / f"profile_{'_'.join([preset, *opts])}.txt")
+            except Exception as e:  # the profile is extra: keep the timing row
+                row["profile"] = f"FAILED: {e}"
+    return row
+
+
 def bench_transformer(args, device, rows):
     """Target tokens/s: the tutorial-style loop (every sentence padded to 350, fp32, batch 8) vs transformer/train.py
     (token-budget batches, dynamic padding, bf16) on Multi30k, and a bare compiled step on unpadded batches as
@@ -382,24 +400,8 @@ def bench_transformer(args, device, rows):
     nprocs = [n for n in map(int, args.tr_nprocs.split(",")) if n == 1 or n <= torch.cuda.device_count()]
     for preset, tokens, *opts in configs:
         n_params = transformer_params(preset, vocab)
-        compiled = ", compile" * ("compile" in opts)
         if device.type == "cuda" and "bare" in opts:
-            attn = next((o for o in opts if o in SDPA_CHOICES), None)  # compiled and run under this choice
-            with torch.nn.attention.sdpa_kernel(SDPA_CHOICES[attn]) if attn else contextlib.nullcontext():
-                step, per_step = bare_transformer_step(preset, vocab, int(tokens), 24, device, opts)
-                rate = timed(step, args.iters, 10, per_step, device)
-                extra = ", model and loss compiled together" * ("lossc" in opts) + ", dropout 0" * ("nodrop" in opts)
-                extra += f", attention: {attn}" if attn else ""
-                what = f"bare step {preset}, {tokens} tokens as {per_step // 24}x24, bf16{compiled}{extra}"
-                row = {"bench": "transformer", "what": what, "tok_per_s": rate, "mfu": 6 * n_params * rate / peak}
-                if "profile" in opts:
-                    try:
-                        path = Path(args.out) / f"profile_{'_'.join([preset, *opts])}.txt"
-                        row["profile"] = profile_step(step, path)
-                    except Exception as e:  # the profile is extra: keep the timing row
-                        row["profile"] = f"FAILED: {e}"
-            rows.append(row)
-            del step
+            rows.append(bare_transformer_row(args, preset, vocab, int(tokens), opts, n_params * 6 / peak, device))
             torch.cuda.empty_cache()
             continue
         for nproc in nprocs:
@@ -412,6 +414,7 @@ def bench_transformer(args, device, rows):
                    "--output-dir", str(out), "--resume", "none"]  # fmt: skip
             cmd += ["--compile"] if "compile" in opts else []
             cmd += ["--vocab-size", str(vocab)] if not args.tiny else []
+            compiled = ", compile" * ("compile" in opts)
             what = f"transformer/train.py {preset}, {tokens} tok/GPU, {nproc} GPU(s), bf16{compiled}"
             row = script_row("transformer", what, cmd, out, "tok_per_s", 3 if not args.tiny else 1)
             if "tok_per_s" in row and device.type == "cuda":
