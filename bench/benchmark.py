@@ -17,7 +17,6 @@ the bare loop it is compared with. Throughput is the median over timed windows a
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -314,17 +313,14 @@ def bare_transformer_step(preset: str, vocab: int, tokens: int, length: int, dev
     return step, b * length
 
 
-# Attention kernels a bare step may be limited to (option names in --tr-configs). The profile of section 7 of
-# BENCHMARKS.md found PyTorch's default (cuDNN flash on H100) spending 30% of a step on 24-token rows.
-SDPA_CHOICES = {
-    "math": [torch.nn.attention.SDPBackend.MATH],  # batched matmuls + softmax, which compile can fuse
-    "efficient": [torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION],  # memory-efficient kernel, masks allowed
-    "nocudnn": [  # everything but cuDNN: flash where no mask is given, else memory-efficient
-        torch.nn.attention.SDPBackend.FLASH_ATTENTION,
-        torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION,
-        torch.nn.attention.SDPBackend.MATH,
-    ],
-}
+# Attention kernels (transformer/model.py's --attention choices other than auto) a bare step or a script run may be
+# limited to. The profile of section 7 of BENCHMARKS.md found PyTorch's default (cuDNN flash on H100) spending 30%
+# of a step on 24-token rows.
+def attention_choices() -> list[str]:
+    from transformer.model import ATTENTION_KERNELS
+
+    return [k for k in ATTENTION_KERNELS if k != "auto"]
+
 
 KERNEL_KINDS = [  # (kind, substrings of CUDA kernel names), first match wins
     ("attention (SDPA)", ("fmha", "flash", "attention", "efficient", "cudnn")),  # the model's only cuDNN use
@@ -364,8 +360,10 @@ def profile_step(step, path: Path, steps: int = 5) -> dict:
 
 def bare_transformer_row(args, preset: str, vocab: int, tokens: int, opts: list[str], mfu_per_tok: float, device):
     """Time (and with "profile" in opts, profile) the bare step of one --tr-configs entry; returns its row."""
-    attn = next((o for o in opts if o in SDPA_CHOICES), None)  # compiled and run under this choice
-    with torch.nn.attention.sdpa_kernel(SDPA_CHOICES[attn]) if attn else contextlib.nullcontext():
+    from transformer.model import attention_kernels
+
+    attn = next((o for o in opts if o in attention_choices()), None)  # compiled and run under this choice
+    with attention_kernels(attn or "auto"):
         step, per_step = bare_transformer_step(preset, vocab, tokens, 24, device, opts)
         rate = timed(step, args.iters, 10, per_step, device)
         extra = ", compile" * ("compile" in opts) + ", model and loss compiled together" * ("lossc" in opts)
@@ -388,7 +386,7 @@ def bench_transformer(args, device, rows):
     left out."""
     vocab = 8000
     peak = args.peak_tflops * 1e12
-    configs = [c.split(":") for c in args.tr_configs.split(",")] if not args.tiny else [["tiny", "256"]]
+    configs = [c.split(":") for c in args.tr_configs.split(",")] if not args.tiny else [["tiny", "256", "math"]]
     for preset in dict.fromkeys(c[0] for c in configs):  # the baseline once per preset
         pad_to, batch = (350, 8) if not args.tiny else (40, 2)
         step, real = baseline_transformer_step(preset, vocab, pad_to, batch, device)
@@ -410,11 +408,13 @@ def bench_transformer(args, device, rows):
                                                           f"--nproc_per_node={nproc}"]  # fmt: skip
             cmd = [*launch, "transformer/train.py", *data, "--preset", preset, "--max-tokens", tokens,
                    "--max-steps", str(args.tr_steps) if not args.tiny else "3", "-p", "10" if not args.tiny else "1",
-                   "--eval-every", "1000", "-j", str(args.tr_workers) if not args.tiny else "0",
+                   "--eval-every", "0", "-j", str(args.tr_workers) if not args.tiny else "0",
                    "--output-dir", str(out), "--resume", "none"]  # fmt: skip
             cmd += ["--compile"] if "compile" in opts else []
+            attn = next((o for o in opts if o in attention_choices()), None)
+            cmd += ["--attention", attn] if attn else []
             cmd += ["--vocab-size", str(vocab)] if not args.tiny else []
-            compiled = ", compile" * ("compile" in opts)
+            compiled = ", compile" * ("compile" in opts) + f", attention: {attn}" * bool(attn)
             what = f"transformer/train.py {preset}, {tokens} tok/GPU, {nproc} GPU(s), bf16{compiled}"
             row = script_row("transformer", what, cmd, out, "tok_per_s", 3 if not args.tiny else 1)
             if "tok_per_s" in row and device.type == "cuda":
@@ -492,7 +492,7 @@ def main() -> None:
         "--tr-configs",
         default="small:8192,base:65536:compile:bare,base:65536:compile",
         help="transformer runs, comma-separated PRESET:TOKENS_PER_GPU[:compile][:bare[:lossc][:nodrop][:profile]"
-        "[:math|:efficient|:nocudnn]] "
+        "[:math|:flash|:efficient]] "
         "(bare: the bare step only; see bare_transformer_step)",
     )
     p.add_argument("--tr-steps", type=int, default=60, help="--max-steps of each transformer script run")

@@ -6,6 +6,8 @@
 #   bash bench/device_4gpu.sh phase2   # timed, one at a time: ResNet-50 1/2/4 GPUs and 2 agents x 2; CIFAR on 4
 #   bash bench/device_4gpu.sh phase3   # timed: transformer base 1/2/4 GPUs (TR_NPROCS="1 2" for a subset)
 #   bash bench/device_4gpu.sh phase4   # 1 GPU: the bare transformer step under each attention kernel
+#   bash bench/device_4gpu.sh phase5   # fourth session: attention kernels (bare + script), CIFAR DataLoader; ~9 min
+#   bash bench/device_4gpu.sh phase6   # then: the script on 4, 2, 1 GPUs with phase5's faster attention
 # shellcheck disable=SC2030,SC2031  # each queue sets its own CUDA_VISIBLE_DEVICES in its subshell, on purpose
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -26,15 +28,28 @@ cifar() { # cifar NAME NPROC PER-GPU-BATCH SEED [FLAGS...]: the 80-epoch recipe;
   grep -E "^done|rror|\[.* s wall\]" "/tmp/$name.log" | tail -3
   keep "/tmp/$name/metrics.jsonl" "$name.jsonl"
 }
-keep() { # keep FILE NAME: into the returned archive
-  mkdir -p /tmp/keep && cp "$1" "/tmp/keep/$2" && tar -czf "$OUT/runs.tgz.tmp" -C /tmp/keep . && mv "$OUT/runs.tgz.tmp" "$OUT/runs.tgz"
+# shellcheck disable=SC2016  # $1 expands in the inner shell
+keep() { # keep FILE NAME: into the returned archive (under a lock: queues side by side keep files too)
+  mkdir -p /tmp/keep && cp "$1" "/tmp/keep/$2" &&
+    flock /tmp/keep.lock sh -c 'tar -czf "$1.tmp" -C /tmp/keep . && mv "$1.tmp" "$1"' _ "$OUT/runs.tgz"
 }
 pin() { taskset -cp "$1" "$BASHPID" >/dev/null; } # this queue and its children on these cores
-[ -d /tmp/c/train ] || { mkdir -p /tmp/c && tar -xJf .data/train.tar.xz -C /tmp/c; }
+cifar_data() { # the CIFAR JPEGs in /tmp/c (once per machine); /tmp/c.done marks a finished extraction
+  [ -f /tmp/c.done ] || { mkdir -p /tmp/c && tar -xJf .data/train.tar.xz -C /tmp/c && touch /tmp/c.done; }
+}
+wait_cifar() { until [ -f /tmp/c.done ]; do sleep 2; done; }
+tr_bench() { # tr_bench NAME NPROCS CONFIGS: one benchmark call (its own same-run baseline loop), kept as NAME.json
+  t python3 bench/benchmark.py --only transformer --multi30k .data/multi30k --tr-configs "$3" --tr-nprocs "$2" \
+    --tr-steps 40 --out "/tmp/$1" >"/tmp/$1.log" 2>&1
+  grep -E "^\||FAILED|wall|ms$" "/tmp/$1.log"
+  keep "/tmp/$1/results.json" "$1.json"
+  for f in /tmp/"$1"/profile_*.txt; do [ -f "$f" ] && keep "$f" "$1_$(basename "$f")"; done
+}
 nvidia-smi -L
 
 case ${1:-} in
 phase1)
+  cifar_data
   nvidia-smi dmon -s pc -d 5 >"$OUT/dmon_phase1.txt" 2>&1 &
   dmon=$!
   ( # GPU 0, cores 0-16: the 1-GPU CIFAR recipe from a cold compile cache, then real JPEGs (Pillow vs GPU decode)
@@ -76,6 +91,7 @@ phase1)
   kill "$dmon"
   ;;
 phase2)
+  cifar_data
   R=(imagenet/train.py --dummy -a resnet50 -b 256 --max-steps 60 -p 10 --resume none --amp bf16 --channels-last)
   for n in 1 2 4; do
     t torchrun --standalone --nproc_per_node=$n "${R[@]}" --output-dir /tmp/r$n >/tmp/r$n.log 2>&1
@@ -108,15 +124,57 @@ phase3) # one GPU count per call of the benchmark (each with its own same-run ba
     keep "/tmp/tr3_$n/results.json" "transformer_${n}gpu.json"
   done
   ;;
+phase5) # fourth session, one call: four queues side by side, one GPU and 16 pinned cores each
+  cifar_data &
+  ( # GPU 0: the bare base step, default attention (cuDNN) against math attention, with and without dropout
+    pin 0-15
+    export CUDA_VISIBLE_DEVICES=0
+    tr_bench attn_math 1 base:65536:bare:lossc,base:65536:bare:lossc:math:profile,base:65536:bare:lossc:math:nodrop
+  ) >"$OUT/q0.log" 2>&1 &
+  q0=$!
+  ( # GPU 1: the script on 1 GPU, default attention; then CIFAR time to accuracy through the DataLoader
+    pin 16-31
+    export CUDA_VISIBLE_DEVICES=1
+    tr_bench tr_auto_1 1 base:65536:compile
+    wait_cifar
+    cifar c1_e20_loader 1 512 0 --epochs 20 --eval-every 5
+  ) >"$OUT/q1.log" 2>&1 &
+  q1=$!
+  ( # GPU 2: the script on 1 GPU, math attention; then the GPU-resident twin of q1's CIFAR run
+    pin 32-47
+    export CUDA_VISIBLE_DEVICES=2
+    tr_bench tr_math_1 1 base:65536:compile:math
+    wait_cifar
+    cifar c1_e20_gpudata 1 512 0 --gpu-data --epochs 20 --eval-every 5
+  ) >"$OUT/q2.log" 2>&1 &
+  q2=$!
+  ( # GPU 3: the bare step under the two other attention kernel sets
+    pin 48-63
+    export CUDA_VISIBLE_DEVICES=3
+    tr_bench attn_other 1 base:65536:bare:lossc:flash,base:65536:bare:lossc:efficient
+  ) >"$OUT/q3.log" 2>&1 &
+  q3=$!
+  wait "$q0" "$q1" "$q2" "$q3"
+  mkdir -p runs # phase6 scales the faster of q1's and q2's script runs
+  python3 -c "import json
+r = {a: json.load(open(f'/tmp/tr_{a}_1/results.json'))['rows'][-1].get('tok_per_s', 0) for a in ('auto', 'math')}
+print(max(r, key=r.get), r)" | tee /dev/stderr | cut -d' ' -f1 >runs/attn_choice
+  ;;
+phase6) # fourth session, the call after phase5: script weak scaling with the faster attention of phase5's runs
+  attn=${TR_ATTN:-$(cat runs/attn_choice 2>/dev/null || echo auto)}
+  cfg=base:65536:compile$([ "$attn" = auto ] || echo ":$attn")
+  echo "attention: $attn"
+  for n in ${TR_NPROCS:-4 2 1}; do tr_bench "tr_${attn}_${n}_scaling" "$n" "$cfg"; done
+  ;;
 phase4) # 1 GPU: the bare base step under each attention kernel choice (prepared after the profile; not run yet)
   t python3 bench/benchmark.py --only transformer --tr-nprocs 1 --out /tmp/attn --tr-configs \
-    base:65536:bare:lossc,base:65536:bare:lossc:math,base:65536:bare:lossc:efficient,base:65536:bare:lossc:nocudnn \
+    base:65536:bare:lossc,base:65536:bare:lossc:math,base:65536:bare:lossc:efficient,base:65536:bare:lossc:flash \
     >/tmp/attn.log 2>&1
   grep -E "^\||FAILED" /tmp/attn.log
   keep /tmp/attn/results.json transformer_attention.json
   ;;
 *)
-  echo "usage: $0 phase1|phase2|phase3|phase4" >&2
+  echo "usage: $0 phase1|phase2|phase3|phase4|phase5|phase6" >&2
   exit 2
   ;;
 esac

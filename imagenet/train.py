@@ -158,7 +158,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("-e", "--evaluate", action="store_true", help="evaluate --resume (or --pretrained) only")
     g.add_argument("--save-every-steps", type=int, default=0, help="also checkpoint every N steps (0: at epoch end)")
     g.add_argument("--keep-last", type=int, default=0, help="keep the N newest step_*.pt copies (0: none)")
-    g.add_argument("--eval-every", type=int, default=1, help="evaluate every N epochs (and at the end)")
+    g.add_argument("--eval-every", type=int, default=1, help="evaluate every N epochs and at the end (0: never)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("-p", "--print-freq", type=int, default=10, help="log every N steps")
     g.add_argument("--wandb", action="store_true", help="log to Weights & Biases from rank 0 (honours WANDB_MODE)")
@@ -464,8 +464,9 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
         epoch_done = batch_in_epoch >= steps_per_epoch * args.accum_steps
         if epoch_done:
             epoch, batch_in_epoch = epoch + 1, 0
-        if (epoch_done and (epoch % args.eval_every == 0 or epoch == args.epochs)) or (
-            step >= max_steps and not stopped
+        if args.eval_every > 0 and (
+            (epoch_done and (epoch % args.eval_every == 0 or epoch == args.epochs))
+            or (step >= max_steps and not stopped)
         ):
             broadcast_buffers(model_without_ddp)  # every rank evaluates rank 0's BN statistics, as saved
             m = evaluate_classifier(eval_model, val_batches(), device, dtype)

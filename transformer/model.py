@@ -13,12 +13,14 @@ V vocabulary.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from common.utils import autocast
 from transformer.data import BOS, EOS, PAD, pad_batch, token_batches
@@ -41,6 +43,23 @@ PRESETS = {
     "small": dict(d_model=512, n_heads=8, enc_layers=3, dec_layers=3, d_ff=1024, dropout=0.3),  # Multi30k-size data
     "tiny": dict(d_model=64, n_heads=4, enc_layers=2, dec_layers=2, d_ff=256, dropout=0.0),  # tests, CPU smoke runs
 }
+
+
+# --attention: which kernels F.scaled_dot_product_attention may pick (the fastest that supports the call runs).
+# "auto" is PyTorch's choice: cuDNN or flash attention on recent GPUs, whose 64-128-query tiles are mostly
+# empty on sentence-length rows. "math" is matmul + softmax, which torch.compile fuses (BENCHMARKS.md §8).
+ATTENTION_KERNELS = {
+    "auto": None,
+    "math": [SDPBackend.MATH],
+    "flash": [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],  # all but cuDNN
+    "efficient": [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],
+}
+
+
+def attention_kernels(name: str) -> contextlib.AbstractContextManager:
+    """A fresh context that limits SDPA to the kernels of ATTENTION_KERNELS[name] ("auto": no limit)."""
+    kernels = ATTENTION_KERNELS[name]
+    return sdpa_kernel(kernels) if kernels else contextlib.nullcontext()
 
 
 class Attention(nn.Module):

@@ -55,7 +55,7 @@ from transformer.data import (
     token_batches,
     tokenizers_done_forking,
 )
-from transformer.model import PRESETS, ModelConfig, Transformer, translate_ids
+from transformer.model import ATTENTION_KERNELS, PRESETS, ModelConfig, Transformer, attention_kernels, translate_ids
 
 T_START = time.time()
 
@@ -87,6 +87,12 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--d-ff", type=int, default=None, help="override the preset's feed-forward width")
     g.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
     g.add_argument("--compile", action="store_true", help="torch.compile the training model")
+    g.add_argument(
+        "--attention",
+        choices=tuple(ATTENTION_KERNELS),
+        default="auto",
+        help="attention kernels for training (auto: PyTorch's pick; math: matmul+softmax, fused by --compile)",
+    )
     g = p.add_argument_group("optimization")
     g.add_argument("--epochs", type=int, default=20)
     g.add_argument("--max-steps", type=int, default=0, help="stop after this many optimizer steps (0: no limit)")
@@ -105,7 +111,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("evaluation")
     g.add_argument("-e", "--evaluate", action="store_true", help="only evaluate the checkpoint given by --resume")
     g.add_argument("--beam", type=int, default=1, help="beam size for BLEU decoding (1: greedy)")
-    g.add_argument("--eval-every", type=int, default=1, help="evaluate every N epochs (and at the end)")
+    g.add_argument("--eval-every", type=int, default=1, help="evaluate every N epochs and at the end (0: never)")
     g.add_argument("--samples", type=int, default=3, help="sample translations to print at each evaluation")
     g = p.add_argument_group("run")
     g.add_argument("--output-dir", default="runs/transformer")
@@ -270,7 +276,7 @@ def main(args: argparse.Namespace) -> None:
     def forward_loss(src, tgt_in, tgt_out):
         """Summed token cross-entropy of one batch. Model and loss in one function, so that when compiled the
         loss over the whole vocabulary (the largest activation, batch x length x vocab) fuses as well."""
-        with autocast(device, dtype):
+        with autocast(device, dtype), attention_kernels(args.attention):
             logits = model(src, tgt_in)
             return F.cross_entropy(
                 logits.flatten(0, 1),
@@ -439,8 +445,9 @@ def main(args: argparse.Namespace) -> None:
         epoch_done = batch_in_epoch >= steps_per_epoch * args.accum_steps
         if epoch_done:
             epoch, batch_in_epoch = epoch + 1, 0
-        if (epoch_done and (epoch % args.eval_every == 0 or epoch == args.epochs)) or (
-            step >= max_steps and not stopped
+        if args.eval_every > 0 and (
+            (epoch_done and (epoch % args.eval_every == 0 or epoch == args.epochs))
+            or (step >= max_steps and not stopped)
         ):
             m = run_eval("val")
             if m["bleu"] >= best:  # >=: a first evaluation at BLEU 0 still leaves a best.pt
@@ -453,7 +460,7 @@ def main(args: argparse.Namespace) -> None:
     progress.close()
     if stopped:
         stop.exit_preempted(step, logger)
-    if "test" in eval_sets:
+    if "test" in eval_sets and args.eval_every > 0:
         run_eval("test")
     print0(f"done: step {step}, best val BLEU {best:.2f}, wall {time.time() - T_START:.1f}s since start")
     logger.close()
