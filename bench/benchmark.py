@@ -6,8 +6,9 @@
 
 All parts together take longer than one 10-minute slot: on one H200 the two compiled ResNet-50 rows took about
 3 min and the transformer part about 4 min; on an H100 the jpeg part took 161 s. A compiled transformer `base`
-script run takes about 3 min (dynamic-shape compilation on every rank), so run 1, 2 and 4 GPUs as separate
-calls (--tr-nprocs). Run the parts separately (--only).
+script run took 368 s on an H100, mostly dynamic-shape compilation (on every rank), and a 4-GPU one more than
+580 s: run 1, 2 and 4 GPUs as separate calls (--tr-nprocs), eager where time is short. Run the parts
+separately (--only).
 
 Writes ``OUT/results.json`` and ``OUT/results.md``: device, GPU count, torch/CUDA versions, and for every row the
 exact command (script rows) or the baseline it is (bare rows). Each script row is measured in the same run as
@@ -287,7 +288,8 @@ def baseline_transformer_step(preset: str, vocab: int, pad_to: int, batch: int, 
 def bare_transformer_step(preset: str, vocab: int, tokens: int, length: int, device, opts: list[str]):
     """The ceiling: the same model on a full batch of `tokens // length` pairs of equal length (no padding),
     bf16 autocast, fused AdamW. opts: "compile" compiles the model, "lossc" compiles model and loss together
-    (the cross-entropy over the vocabulary fuses too), "nodrop" sets dropout to 0 (what dropout costs).
+    (the cross-entropy over the vocabulary fuses too), "nodrop" sets dropout to 0 (what dropout costs); "cudnn"
+    (bare_transformer_row) lets attention use cuDNN.
     Returns (step, target tokens per step)."""
     model = build_transformer(preset, vocab, dropout=0.0 if "nodrop" in opts else None).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
@@ -311,15 +313,6 @@ def bare_transformer_step(preset: str, vocab: int, tokens: int, length: int, dev
         opt.zero_grad(set_to_none=True)
 
     return step, b * length
-
-
-# Attention kernels (transformer/model.py's --attention choices other than auto) a bare step or a script run may be
-# limited to. The profile of section 7 of BENCHMARKS.md found PyTorch's default (cuDNN flash on H100) spending 30%
-# of a step on 24-token rows.
-def attention_choices() -> list[str]:
-    from transformer.model import ATTENTION_KERNELS
-
-    return [k for k in ATTENTION_KERNELS if k != "auto"]
 
 
 KERNEL_KINDS = [  # (kind, substrings of CUDA kernel names), first match wins
@@ -360,21 +353,20 @@ def profile_step(step, path: Path, steps: int = 5) -> dict:
 
 def bare_transformer_row(args, preset: str, vocab: int, tokens: int, opts: list[str], mfu_per_tok: float, device):
     """Time (and with "profile" in opts, profile) the bare step of one --tr-configs entry; returns its row."""
-    from transformer.model import attention_kernels
+    from transformer.model import allow_cudnn_attention
 
-    attn = next((o for o in opts if o in attention_choices()), None)  # compiled and run under this choice
-    with attention_kernels(attn or "auto"):
-        step, per_step = bare_transformer_step(preset, vocab, tokens, 24, device, opts)
-        rate = timed(step, args.iters, 10, per_step, device)
-        extra = ", compile" * ("compile" in opts) + ", model and loss compiled together" * ("lossc" in opts)
-        extra += ", dropout 0" * ("nodrop" in opts) + (f", attention: {attn}" if attn else "")
-        what = f"bare step {preset}, {tokens} tokens as {per_step // 24}x24, bf16{extra}"
-        row = {"bench": "transformer", "what": what, "tok_per_s": rate, "mfu": mfu_per_tok * rate}
-        if "profile" in opts:
-            try:
-                row["profile"] = profile_step(step, Path(args.out) / f"profile_{'_'.join([preset, *opts])}.txt")
-            except Exception as e:  # the profile is extra: keep the timing row
-                row["profile"] = f"FAILED: {e}"
+    allow_cudnn_attention("cudnn" in opts)  # as transformer/train.py: no cuDNN attention unless asked for
+    step, per_step = bare_transformer_step(preset, vocab, tokens, 24, device, opts)
+    rate = timed(step, args.iters, 10, per_step, device)
+    extra = ", compile" * ("compile" in opts) + ", model and loss compiled together" * ("lossc" in opts)
+    extra += ", dropout 0" * ("nodrop" in opts) + ", cuDNN attention" * ("cudnn" in opts)
+    what = f"bare step {preset}, {tokens} tokens as {per_step // 24}x24, bf16{extra}"
+    row = {"bench": "transformer", "what": what, "tok_per_s": rate, "mfu": mfu_per_tok * rate}
+    if "profile" in opts:
+        try:
+            row["profile"] = profile_step(step, Path(args.out) / f"profile_{'_'.join([preset, *opts])}.txt")
+        except Exception as e:  # the profile is extra: keep the timing row
+            row["profile"] = f"FAILED: {e}"
     return row
 
 
@@ -386,7 +378,7 @@ def bench_transformer(args, device, rows):
     left out."""
     vocab = 8000
     peak = args.peak_tflops * 1e12
-    configs = [c.split(":") for c in args.tr_configs.split(",")] if not args.tiny else [["tiny", "256", "math"]]
+    configs = [c.split(":") for c in args.tr_configs.split(",")] if not args.tiny else [["tiny", "256", "cudnn"]]
     for preset in dict.fromkeys(c[0] for c in configs):  # the baseline once per preset
         pad_to, batch = (350, 8) if not args.tiny else (40, 2)
         step, real = baseline_transformer_step(preset, vocab, pad_to, batch, device)
@@ -411,10 +403,9 @@ def bench_transformer(args, device, rows):
                    "--eval-every", "0", "-j", str(args.tr_workers) if not args.tiny else "0",
                    "--output-dir", str(out), "--resume", "none"]  # fmt: skip
             cmd += ["--compile"] if "compile" in opts else []
-            attn = next((o for o in opts if o in attention_choices()), None)
-            cmd += ["--attention", attn] if attn else []
+            cmd += ["--cudnn-attention"] if "cudnn" in opts else []
             cmd += ["--vocab-size", str(vocab)] if not args.tiny else []
-            compiled = ", compile" * ("compile" in opts) + f", attention: {attn}" * bool(attn)
+            compiled = ", compile" * ("compile" in opts) + ", cuDNN attention" * ("cudnn" in opts)
             what = f"transformer/train.py {preset}, {tokens} tok/GPU, {nproc} GPU(s), bf16{compiled}"
             row = script_row("transformer", what, cmd, out, "tok_per_s", 3 if not args.tiny else 1)
             if "tok_per_s" in row and device.type == "cuda":
@@ -492,7 +483,7 @@ def main() -> None:
         "--tr-configs",
         default="small:8192,base:65536:compile:bare,base:65536:compile",
         help="transformer runs, comma-separated PRESET:TOKENS_PER_GPU[:compile][:bare[:lossc][:nodrop][:profile]"
-        "[:math|:flash|:efficient]] "
+        "[:cudnn]] "
         "(bare: the bare step only; see bare_transformer_step)",
     )
     p.add_argument("--tr-steps", type=int, default=60, help="--max-steps of each transformer script run")

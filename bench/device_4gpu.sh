@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
-# The 4-GPU session recorded in BENCHMARKS.md §7 (run from the repo root on one host with 4 GPUs and 64 cores;
+# The 4-GPU sessions recorded in BENCHMARKS.md §7 (phases 1-3) and §8 (phases 4-5) (run from the repo root on one host with 4 GPUs and 64 cores;
 # CIFAR JPEGs in .data/train.tar.xz, Multi30k in .data/multi30k). Logs land in $OUT, every metrics.jsonl and
 # results.json in $OUT/runs.tgz (re-packed after each run, so a run cut short still returns what finished).
 #   bash bench/device_4gpu.sh phase1   # quality queues side by side, one per GPU (pinned CPU sets); ~8 min
 #   bash bench/device_4gpu.sh phase2   # timed, one at a time: ResNet-50 1/2/4 GPUs and 2 agents x 2; CIFAR on 4
 #   bash bench/device_4gpu.sh phase3   # timed: transformer base 1/2/4 GPUs (TR_NPROCS="1 2" for a subset)
-#   bash bench/device_4gpu.sh phase4   # 1 GPU: the bare transformer step under each attention kernel
-#   bash bench/device_4gpu.sh phase5   # fourth session: attention kernels (bare + script), CIFAR DataLoader; ~9 min
-#   bash bench/device_4gpu.sh phase6   # then: the script on 4, 2, 1 GPUs with phase5's faster attention
+#   bash bench/device_4gpu.sh phase4   # fourth session: cuDNN attention or not (bare + script), CIFAR DataLoader
+#   bash bench/device_4gpu.sh phase5   # fourth session: eager weak scaling on Multi30k x 8, cuDNN attention or not
 # shellcheck disable=SC2030,SC2031  # each queue sets its own CUDA_VISIBLE_DEVICES in its subshell, on purpose
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -124,57 +123,56 @@ phase3) # one GPU count per call of the benchmark (each with its own same-run ba
     keep "/tmp/tr3_$n/results.json" "transformer_${n}gpu.json"
   done
   ;;
-phase5) # fourth session, one call: four queues side by side, one GPU and 16 pinned cores each
+phase4) # fourth session (BENCHMARKS.md §8), one call: queues side by side, one GPU and 16 pinned cores each.
+  # It ran at commit c25cf24, whose --attention flag is now --cudnn-attention: its default (auto) is :cudnn
+  # here, its "flash" is today's default, and its "math" still ran cuDNN kernels under compile.
   cifar_data &
-  ( # GPU 0: the bare base step, default attention (cuDNN) against math attention, with and without dropout
+  ( # GPU 0: the bare base step with and without cuDNN attention, and without dropout
     pin 0-15
     export CUDA_VISIBLE_DEVICES=0
-    tr_bench attn_math 1 base:65536:bare:lossc,base:65536:bare:lossc:math:profile,base:65536:bare:lossc:math:nodrop
+    tr_bench attn 1 base:65536:bare:lossc:cudnn,base:65536:bare:lossc:profile,base:65536:bare:lossc:nodrop
   ) >"$OUT/q0.log" 2>&1 &
   q0=$!
-  ( # GPU 1: the script on 1 GPU, default attention; then CIFAR time to accuracy through the DataLoader
+  ( # GPU 1: the compiled script on 1 GPU with cuDNN attention (PyTorch's pick); then CIFAR through the DataLoader
     pin 16-31
     export CUDA_VISIBLE_DEVICES=1
-    tr_bench tr_auto_1 1 base:65536:compile
+    tr_bench tr_cudnn_1 1 base:65536:compile:cudnn
     wait_cifar
     cifar c1_e20_loader 1 512 0 --epochs 20 --eval-every 5
   ) >"$OUT/q1.log" 2>&1 &
   q1=$!
-  ( # GPU 2: the script on 1 GPU, math attention; then the GPU-resident twin of q1's CIFAR run
+  ( # GPU 2: the same without cuDNN attention (the default); then the GPU-resident twin of q1's CIFAR run
     pin 32-47
     export CUDA_VISIBLE_DEVICES=2
-    tr_bench tr_math_1 1 base:65536:compile:math
+    tr_bench tr_default_1 1 base:65536:compile
     wait_cifar
     cifar c1_e20_gpudata 1 512 0 --gpu-data --epochs 20 --eval-every 5
   ) >"$OUT/q2.log" 2>&1 &
   q2=$!
-  ( # GPU 3: the bare step under the two other attention kernel sets
-    pin 48-63
-    export CUDA_VISIBLE_DEVICES=3
-    tr_bench attn_other 1 base:65536:bare:lossc:flash,base:65536:bare:lossc:efficient
-  ) >"$OUT/q3.log" 2>&1 &
-  q3=$!
-  wait "$q0" "$q1" "$q2" "$q3"
-  mkdir -p runs # phase6 scales the faster of q1's and q2's script runs
-  python3 -c "import json
-r = {a: json.load(open(f'/tmp/tr_{a}_1/results.json'))['rows'][-1].get('tok_per_s', 0) for a in ('auto', 'math')}
-print(max(r, key=r.get), r)" | tee /dev/stderr | cut -d' ' -f1 >runs/attn_choice
+  wait "$q0" "$q1" "$q2"
   ;;
-phase6) # fourth session, the call after phase5: script weak scaling with the faster attention of phase5's runs
-  attn=${TR_ATTN:-$(cat runs/attn_choice 2>/dev/null || echo auto)}
-  cfg=base:65536:compile$([ "$attn" = auto ] || echo ":$attn")
-  echo "attention: $attn"
-  for n in ${TR_NPROCS:-4 2 1}; do tr_bench "tr_${attn}_${n}_scaling" "$n" "$cfg"; done
-  ;;
-phase4) # 1 GPU: the bare base step under each attention kernel choice (prepared after the profile; not run yet)
-  t python3 bench/benchmark.py --only transformer --tr-nprocs 1 --out /tmp/attn --tr-configs \
-    base:65536:bare:lossc,base:65536:bare:lossc:math,base:65536:bare:lossc:efficient,base:65536:bare:lossc:flash \
-    >/tmp/attn.log 2>&1
-  grep -E "^\||FAILED" /tmp/attn.log
-  keep /tmp/attn/results.json transformer_attention.json
+phase5) # fourth session: eager weak scaling on Multi30k x 8 (232,000 pairs: 60 steps per epoch on 1 GPU, so
+  # few epoch boundaries), with and without cuDNN attention; per-window tok/s printed, metrics kept
+  mkdir -p /tmp/m8
+  for l in de en; do
+    for _ in 1 2 3 4 5 6 7 8; do zcat ".data/multi30k/train.$l.gz"; done >"/tmp/m8/train.$l"
+    cp ".data/multi30k/val.$l.gz" /tmp/m8/
+  done
+  m8() { # m8 NPROC NAME [FLAGS...]
+    local n=$1 name=$2
+    shift 2
+    t torchrun --standalone --nproc_per_node="$n" transformer/train.py --data /tmp/m8 --lang-src de --lang-tgt en \
+      --preset base --max-tokens 65536 --max-steps 70 -p 10 --eval-every 0 -j 4 --vocab-size 8000 \
+      --output-dir "/tmp/$name" --resume none "$@" >"/tmp/$name.log" 2>&1
+    grep -o '"step": [0-9]*\|"tok_per_s": [0-9]*' "/tmp/$name/metrics.jsonl" | paste -sd' '
+    keep "/tmp/$name/metrics.jsonl" "$name.jsonl"
+  }
+  m8 1 m8_cudnn_1 --cudnn-attention
+  m8 4 m8_cudnn_4 --cudnn-attention
+  for n in 1 2 4; do m8 "$n" "m8_default_$n"; done
   ;;
 *)
-  echo "usage: $0 phase1|phase2|phase3|phase4|phase5|phase6" >&2
+  echo "usage: $0 phase1|phase2|phase3|phase4|phase5" >&2
   exit 2
   ;;
 esac

@@ -27,7 +27,7 @@ from transformer.data import (  # noqa: E402
     synthetic_corpus,
     train_tokenizer,
 )
-from transformer.model import ATTENTION_KERNELS, ModelConfig, Transformer, attention_kernels, generate  # noqa: E402
+from transformer.model import ModelConfig, Transformer, generate  # noqa: E402
 
 TRAIN = str(REPO / "transformer" / "train.py")
 TRANSLATE = str(REPO / "transformer" / "translate.py")
@@ -76,25 +76,6 @@ def test_padding_never_changes_real_outputs():
         assert together == [
             generate(model, src[i : i + 1, : len(s)], beam=beam, max_len=6)[0] for i, s in enumerate(srcs)
         ]
-
-
-@pytest.mark.parametrize("kernels", [k for k in ATTENTION_KERNELS if k != "auto"])
-def test_attention_kernel_choices_compute_the_same_model(kernels):
-    """--attention only picks kernels: outputs and gradients (padding mask, causal mask, dropout off) match auto."""
-    torch.manual_seed(0)
-    model = Transformer(ModelConfig(50, d_model=32, n_heads=4, enc_layers=2, dec_layers=2, d_ff=64, dropout=0.0))
-    src = torch.tensor([[5, 6, 7, 8, 2], [9, 10, 2, 0, 0]])
-    tgt = torch.tensor([[1, 11, 12, 13], [1, 14, 0, 0]])
-    results = []
-    for name in ("auto", kernels):
-        model.zero_grad()
-        with attention_kernels(name):
-            out = model(src, tgt)
-        out.square().mean().backward()
-        results.append((out.detach(), model.encoder[0].attn.q.weight.grad.clone()))
-    (out_a, grad_a), (out_b, grad_b) = results
-    torch.testing.assert_close(out_a, out_b, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(grad_a, grad_b, rtol=1e-4, atol=1e-6)
 
 
 def test_beam_search_finds_a_likelier_sequence_than_greedy_on_average():
@@ -318,12 +299,12 @@ def test_resume_continues_identically(ddp_runs):
 def test_compiled_model_and_loss_train_like_eager_under_ddp(tmp_path):
     """--compile compiles model and loss together (dynamic shapes) around the DDP model; with 2 processes and
     gradient accumulation (no_sync on the first micro-batch) the logged losses match the eager run's. The compiled
-    run also takes --attention math (traced inside the compiled function) and --eval-every 0 (no evaluation)."""
+    run also takes --eval-every 0: no evaluation, no best.pt."""
     args = [TRAIN, "--synthetic", "--preset", "tiny", "--max-tokens", "512", "--max-steps", "4", "-p", "2",
             "--accum-steps", "2", "--eval-every", "1000", "-j", "0", "--resume", "none"]  # fmt: skip
     losses = {}
     splits = {}
-    for name, extra in (("eager", []), ("compiled", ["--compile", "--attention", "math", "--eval-every", "0"])):
+    for name, extra in (("eager", []), ("compiled", ["--compile", "--eval-every", "0"])):
         torchrun(2, *args, *extra, "--output-dir", tmp_path / name, timeout=300)
         recs = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         losses[name] = [r["loss"] for r in recs if r["split"] == "train"]

@@ -13,14 +13,12 @@ V vocabulary.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from common.utils import autocast
 from transformer.data import BOS, EOS, PAD, pad_batch, token_batches
@@ -45,21 +43,13 @@ PRESETS = {
 }
 
 
-# --attention: which kernels F.scaled_dot_product_attention may pick (the fastest that supports the call runs).
-# "auto" is PyTorch's choice: cuDNN or flash attention on recent GPUs, whose 64-128-query tiles are mostly
-# empty on sentence-length rows. "math" is matmul + softmax, which torch.compile fuses (BENCHMARKS.md §8).
-ATTENTION_KERNELS = {
-    "auto": None,
-    "math": [SDPBackend.MATH],
-    "flash": [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],  # all but cuDNN
-    "efficient": [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],
-}
-
-
-def attention_kernels(name: str) -> contextlib.AbstractContextManager:
-    """A fresh context that limits SDPA to the kernels of ATTENTION_KERNELS[name] ("auto": no limit)."""
-    kernels = ATTENTION_KERNELS[name]
-    return sdpa_kernel(kernels) if kernels else contextlib.nullcontext()
+def allow_cudnn_attention(allow: bool) -> None:
+    """Whether F.scaled_dot_product_attention may use cuDNN's fused attention (flash and memory-efficient
+    kernels remain). PyTorch picks cuDNN first on H100, but every new input shape costs cuDNN time (a new
+    execution plan, we infer), and token-budget batches and step-by-step decoding bring new shapes all the
+    time: on one H100, eager `base` training on many batch shapes ran at 158k target tokens/s with it and
+    384k without (BENCHMARKS.md §8). Off by default in train.py and translate.py."""
+    torch.backends.cuda.enable_cudnn_sdp(allow)
 
 
 class Attention(nn.Module):

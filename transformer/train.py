@@ -55,7 +55,7 @@ from transformer.data import (
     token_batches,
     tokenizers_done_forking,
 )
-from transformer.model import ATTENTION_KERNELS, PRESETS, ModelConfig, Transformer, attention_kernels, translate_ids
+from transformer.model import PRESETS, ModelConfig, Transformer, allow_cudnn_attention, translate_ids
 
 T_START = time.time()
 
@@ -88,10 +88,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
     g.add_argument("--compile", action="store_true", help="torch.compile the training model")
     g.add_argument(
-        "--attention",
-        choices=tuple(ATTENTION_KERNELS),
-        default="auto",
-        help="attention kernels for training (auto: PyTorch's pick; math: matmul+softmax, fused by --compile)",
+        "--cudnn-attention",
+        action="store_true",
+        help="let attention use cuDNN (PyTorch's first pick on H100; slow with changing batch shapes)",
     )
     g = p.add_argument_group("optimization")
     g.add_argument("--epochs", type=int, default=20)
@@ -203,6 +202,7 @@ def main(args: argparse.Namespace) -> None:
     seed_everything(args.seed, info.rank)
     out = prepare_output_dir(args.output_dir)
     dtype = amp_dtype(args.amp, device)
+    allow_cudnn_attention(args.cudnn_attention)  # off by default: see allow_cudnn_attention
 
     # ---- resume: read the checkpoint first, its tokenizer decides how text becomes ids
     ckpt_path = resolve_resume(args.resume, out)
@@ -276,7 +276,7 @@ def main(args: argparse.Namespace) -> None:
     def forward_loss(src, tgt_in, tgt_out):
         """Summed token cross-entropy of one batch. Model and loss in one function, so that when compiled the
         loss over the whole vocabulary (the largest activation, batch x length x vocab) fuses as well."""
-        with autocast(device, dtype), attention_kernels(args.attention):
+        with autocast(device, dtype):
             logits = model(src, tgt_in)
             return F.cross_entropy(
                 logits.flatten(0, 1),

@@ -21,7 +21,7 @@ from common.checkpoint import load_checkpoint, load_model_state
 from common.errors import UserError, run_cli
 from common.utils import amp_dtype
 from transformer.data import decode, encode
-from transformer.model import ModelConfig, Transformer, translate_ids
+from transformer.model import ModelConfig, Transformer, allow_cudnn_attention, translate_ids
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -50,6 +50,7 @@ def main(args: argparse.Namespace) -> None:
     model = Transformer(ModelConfig(**ckpt["model_config"]))
     load_model_state(model, ckpt["model"], args.checkpoint)
     model.to(device).eval()
+    allow_cudnn_attention(False)  # decoding brings a new shape every step: cuDNN would plan each one
 
     sentences = args.sentences or [line.rstrip("\r\n") for line in sys.stdin]
     limit = model.cfg.max_positions - 1
