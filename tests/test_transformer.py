@@ -16,6 +16,7 @@ sys.path.insert(0, str(REPO))
 pytest.importorskip("tokenizers")
 pytest.importorskip("sacrebleu")
 
+from common.distributed import mix_seed  # noqa: E402
 from transformer.data import (  # noqa: E402
     EOS,
     PAD,
@@ -25,6 +26,7 @@ from transformer.data import (  # noqa: E402
     load_corpus,
     read_text_dir,
     synthetic_corpus,
+    token_batches,
     train_tokenizer,
 )
 from transformer.model import ModelConfig, Transformer, generate  # noqa: E402
@@ -149,6 +151,29 @@ def test_token_budget_sampler(world, accum):
     assert list(again) == orders[1][world - 1]  # a pure function of (seed, epoch)
     again.set_epoch(1, skip=3)
     assert list(again) == orders[1][world - 1][3:] and len(again) == len(orders[1][world - 1]) - 3
+
+
+@pytest.mark.parametrize("world,accum,max_tokens", [(1, 1, 120), (3, 2, 120), (2, 2, 777)])
+def test_sampler_plan_equals_the_plain_algorithm(world, accum, max_tokens):
+    """The sampler cuts batch sizes once and only fills them each epoch (fast epoch boundaries). Its plan must
+    equal the docstring's steps done directly, which earlier checkpoints (mid-epoch resume) depend on."""
+    g = torch.Generator().manual_seed(1)
+    src, tgt = torch.randint(1, 40, (2, 500), generator=g).tolist()
+    sampler = TokenBudgetBatchSampler(src, tgt, max_tokens, 0, world, seed=3, accum=accum)
+    longer = [max(a, b) for a, b in zip(src, tgt)]
+    for epoch in (0, 4):
+        g = torch.Generator().manual_seed(mix_seed(3, epoch))
+        perm = torch.randperm(500, generator=g).tolist()
+        order = sorted(perm, key=lambda i: (longer[i], tgt[i], src[i]))  # stable: ties keep the shuffled order
+        batches = token_batches(order, longer, max_tokens)
+        while len(batches) % (world * accum):
+            j = max(range(len(batches)), key=lambda k: len(batches[k]))
+            batches[j : j + 1] = [batches[j][: len(batches[j]) // 2], batches[j][len(batches[j]) // 2 :]]
+        batches = [batches[k] for k in torch.randperm(len(batches), generator=g).tolist()]
+        steps = [batches[k : k + world * accum] for k in range(0, len(batches), world * accum)]
+        sampler.set_epoch(epoch)
+        assert sampler.steps == steps
+        assert sampler.step_tokens() == [sum(tgt[i] for b in step for i in b) for step in steps]
 
 
 def test_sampler_fills_the_budget_with_real_tokens():

@@ -13,6 +13,7 @@ A source is `ids + </s>`; the decoder reads `<s> + ids` and predicts `ids + </s>
 from __future__ import annotations
 
 import gzip
+import itertools
 import os
 from pathlib import Path
 
@@ -369,31 +370,41 @@ class TokenBudgetBatchSampler(Sampler):
         self.group = world_size * accum  # batches per optimizer step, all ranks together
         if len(src_lens) < self.group:
             raise ValueError(f"{len(src_lens)} pairs cannot fill {self.group} batches (world size x accum steps)")
+        top = int(self.longer.max()) + 1
+        self.key = (self.longer * top + self.tgt_lens) * top + self.src_lens
+        # Steps 2 and 3 depend on the sorted lengths only, which are the same every epoch (only pairs of equal
+        # lengths trade places): cut the batch sizes once, so that an epoch boundary costs milliseconds.
+        longer_sorted = self.longer[torch.argsort(self.key, stable=True)].tolist()
+        sizes = [len(b) for b in token_batches(range(len(longer_sorted)), longer_sorted, max_tokens)]
+        while len(sizes) % self.group:
+            j = max(range(len(sizes)), key=sizes.__getitem__)  # the most pairs (ties: first)
+            sizes[j : j + 1] = [sizes[j] // 2, sizes[j] - sizes[j] // 2]
+        self.bounds = [0, *itertools.accumulate(sizes)]
+        self.batch_of = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))  # position -> batch
         self.set_epoch(0)
         self.steps_per_epoch = len(self.steps)
 
-    def plan(self, epoch: int) -> list[list[list[int]]]:
-        """The epoch as a list of optimizer steps, each a list of world_size x accum batches."""
+    def plan(self, epoch: int) -> tuple[list[list[list[int]]], list[int]]:
+        """The epoch as a list of optimizer steps, each a list of world_size x accum batches, and the target
+        tokens of each step (all its batches together)."""
         g = torch.Generator().manual_seed(mix_seed(self.seed, epoch))
         perm = torch.randperm(len(self.lengths), generator=g)
-        top = int(self.longer.max()) + 1
-        key = (self.longer * top + self.tgt_lens) * top + self.src_lens
-        order = perm[torch.argsort(key[perm], stable=True)].tolist()
-        batches = token_batches(order, self.lengths, self.max_tokens)
-        while len(batches) % self.group:
-            j = max(range(len(batches)), key=lambda k: len(batches[k]))  # the most pairs (ties: first)
-            b = batches[j]
-            batches[j : j + 1] = [b[: len(b) // 2], b[len(b) // 2 :]]
-        batches = [batches[k] for k in torch.randperm(len(batches), generator=g).tolist()]
-        return [batches[k : k + self.group] for k in range(0, len(batches), self.group)]
+        order = perm[torch.argsort(self.key[perm], stable=True)]
+        tokens = torch.zeros(len(self.bounds) - 1, dtype=torch.long).index_add_(0, self.batch_of, self.tgt_lens[order])
+        flat = order.tolist()
+        batches = [flat[a:b] for a, b in itertools.pairwise(self.bounds)]
+        shuffle = torch.randperm(len(batches), generator=g).tolist()
+        batches, tokens = [batches[k] for k in shuffle], tokens[shuffle].tolist()
+        r = range(0, len(batches), self.group)
+        return [batches[k : k + self.group] for k in r], [sum(tokens[k : k + self.group]) for k in r]
 
     def set_epoch(self, epoch: int, skip: int = 0) -> None:
         self.epoch, self.skip = epoch, skip
-        self.steps = self.plan(epoch)
+        self.steps, self._step_tokens = self.plan(epoch)
 
     def step_tokens(self) -> list[int]:
         """Target tokens (with </s>) of each optimizer step of this epoch, over all ranks: the loss divisor."""
-        return [sum(int(self.tgt_lens[b].sum()) for b in step) for step in self.steps]
+        return self._step_tokens
 
     def rank_batches(self) -> list[list[int]]:
         a = self.accum
