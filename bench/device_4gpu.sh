@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The 4-GPU sessions recorded in BENCHMARKS.md §7 (phases 1-3) and §8 (phases 4-5) (run from the repo root on one host with 4 GPUs and 64 cores;
-# CIFAR JPEGs in .data/train.tar.xz, Multi30k in .data/multi30k). Logs land in $OUT, every metrics.jsonl and
-# results.json in $OUT/runs.tgz (re-packed after each run, so a run cut short still returns what finished).
+# The 4-GPU sessions recorded in BENCHMARKS.md §7 (phases 1-3) and §8 (phases 4-5). Run from the repo root on one
+# host with 4 GPUs and 64 cores, with the CIFAR JPEGs in .data/train.tar.xz and Multi30k in .data/multi30k. Logs
+# land in $OUT, every metrics.jsonl and results.json in $OUT/runs.tgz (re-packed after each run, so a run cut short
+# still returns what finished).
 #   bash bench/device_4gpu.sh phase1   # quality queues side by side, one per GPU (pinned CPU sets); ~8 min
 #   bash bench/device_4gpu.sh phase2   # timed, one at a time: ResNet-50 1/2/4 GPUs and 2 agents x 2; CIFAR on 4
 #   bash bench/device_4gpu.sh phase3   # timed: transformer base 1/2/4 GPUs (TR_NPROCS="1 2" for a subset)
@@ -124,8 +125,9 @@ phase3) # one GPU count per call of the benchmark (each with its own same-run ba
   done
   ;;
 phase4) # fourth session (BENCHMARKS.md §8), one call: queues side by side, one GPU and 16 pinned cores each.
-  # It ran at commit c25cf24, whose --attention flag is now --cudnn-attention: its default (auto) is :cudnn
-  # here, its "flash" is today's default, and its "math" still ran cuDNN kernels under compile.
+  # What ran was phase5 of commit c25cf24 (git show c25cf24:bench/device_4gpu.sh), in its --attention flag:
+  # its default (auto) is :cudnn here, its "flash" is today's default; its "math" rows (which still ran cuDNN
+  # kernels under compile) are left out.
   cifar_data &
   ( # GPU 0: the bare base step with and without cuDNN attention, and without dropout
     pin 0-15

@@ -365,8 +365,7 @@ class TokenBudgetBatchSampler(Sampler):
     ):
         self.src_lens, self.tgt_lens = torch.tensor(src_lens), torch.tensor(tgt_lens)
         self.longer = torch.maximum(self.src_lens, self.tgt_lens)
-        self.lengths = self.longer.tolist()
-        self.max_tokens, self.rank, self.world, self.seed, self.accum = max_tokens, rank, world_size, seed, accum
+        self.rank, self.world, self.seed, self.accum = rank, world_size, seed, accum
         self.group = world_size * accum  # batches per optimizer step, all ranks together
         if len(src_lens) < self.group:
             raise ValueError(f"{len(src_lens)} pairs cannot fill {self.group} batches (world size x accum steps)")
@@ -388,7 +387,7 @@ class TokenBudgetBatchSampler(Sampler):
         """The epoch as a list of optimizer steps, each a list of world_size x accum batches, and the target
         tokens of each step (all its batches together)."""
         g = torch.Generator().manual_seed(mix_seed(self.seed, epoch))
-        perm = torch.randperm(len(self.lengths), generator=g)
+        perm = torch.randperm(len(self.key), generator=g)
         order = perm[torch.argsort(self.key[perm], stable=True)]
         tokens = torch.zeros(len(self.bounds) - 1, dtype=torch.long).index_add_(0, self.batch_of, self.tgt_lens[order])
         flat = order.tolist()
