@@ -8,6 +8,7 @@
 #   bash bench/device_4gpu.sh phase3   # timed: transformer base 1/2/4 GPUs (TR_NPROCS="1 2" for a subset)
 #   bash bench/device_4gpu.sh phase4   # fourth session: cuDNN attention or not (bare + script), CIFAR DataLoader
 #   bash bench/device_4gpu.sh phase5   # fourth session: eager weak scaling on Multi30k x 8, cuDNN attention or not
+#   bash bench/device_4gpu.sh phase6   # fifth session: profile of the epoch boundary, eager on 4, 1 and 2 GPUs
 # shellcheck disable=SC2030,SC2031  # each queue sets its own CUDA_VISIBLE_DEVICES in its subshell, on purpose
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -45,6 +46,15 @@ tr_bench() { # tr_bench NAME NPROCS CONFIGS: one benchmark call (its own same-ru
   keep "/tmp/$1/results.json" "$1.json"
   for f in /tmp/"$1"/profile_*.txt; do [ -f "$f" ] && keep "$f" "$1_$(basename "$f")"; done
 }
+m8_data() { # Multi30k x 8 in /tmp/m8 (232,000 pairs): enough steps per epoch to time steps between boundaries
+  mkdir -p /tmp/m8
+  for l in de en; do
+    for _ in 1 2 3 4 5 6 7 8; do zcat ".data/multi30k/train.$l.gz"; done >"/tmp/m8/train.$l"
+    cp ".data/multi30k/val.$l.gz" /tmp/m8/
+  done
+}
+M8=(--data /tmp/m8 --lang-src de --lang-tgt en --preset base --max-tokens 65536 --max-steps 70 -p 10 --eval-every 0
+  -j 4 --vocab-size 8000 --resume none)
 nvidia-smi -L
 
 case ${1:-} in
@@ -155,17 +165,12 @@ phase4) # fourth session (BENCHMARKS.md §8), one call: queues side by side, one
   ;;
 phase5) # fourth session: eager weak scaling on Multi30k x 8 (232,000 pairs: 60 steps per epoch on 1 GPU, so
   # few epoch boundaries), with and without cuDNN attention; per-window tok/s printed, metrics kept
-  mkdir -p /tmp/m8
-  for l in de en; do
-    for _ in 1 2 3 4 5 6 7 8; do zcat ".data/multi30k/train.$l.gz"; done >"/tmp/m8/train.$l"
-    cp ".data/multi30k/val.$l.gz" /tmp/m8/
-  done
+  m8_data
   m8() { # m8 NPROC NAME [FLAGS...]
     local n=$1 name=$2
     shift 2
-    t torchrun --standalone --nproc_per_node="$n" transformer/train.py --data /tmp/m8 --lang-src de --lang-tgt en \
-      --preset base --max-tokens 65536 --max-steps 70 -p 10 --eval-every 0 -j 4 --vocab-size 8000 \
-      --output-dir "/tmp/$name" --resume none "$@" >"/tmp/$name.log" 2>&1
+    t torchrun --standalone --nproc_per_node="$n" transformer/train.py "${M8[@]}" --output-dir "/tmp/$name" \
+      "$@" >"/tmp/$name.log" 2>&1
     grep -o '"step": [0-9]*\|"tok_per_s": [0-9]*' "/tmp/$name/metrics.jsonl" | paste -sd' '
     keep "/tmp/$name/metrics.jsonl" "$name.jsonl"
   }
@@ -173,8 +178,28 @@ phase5) # fourth session: eager weak scaling on Multi30k x 8 (232,000 pairs: 60 
   m8 4 m8_cudnn_4 --cudnn-attention
   for n in 1 2 4; do m8 "$n" "m8_default_$n"; done
   ;;
+phase6) # fifth session: where an epoch boundary's time goes (bench/trace_boundary.py: step times on every rank,
+  # a profile of rank 0 and 1 across the first boundary), eager on 4, 1 and 2 GPUs; 4 GPUs also with no checkpoint
+  m8_data
+  tb() { # tb NPROC NAME [WRAPPER FLAGS...]: the archive $OUT/NAME.tgz holds the traces, step times and metrics
+    local n=$1 name=$2
+    shift 2
+    t torchrun --standalone --nproc_per_node="$n" bench/trace_boundary.py --out "/tmp/$name" "$@" -- "${M8[@]}" \
+      --output-dir "/tmp/${name}_run" >"/tmp/$name.log" 2>&1
+    grep -E "rror|^done" "/tmp/$name.log" | tail -3
+    grep -o '"step": [0-9]*\|"tok_per_s": [0-9]*' "/tmp/${name}_run/metrics.jsonl" | paste -sd' '
+    python3 bench/trace_boundary.py --out "/tmp/$name" --summarize
+    cp "/tmp/${name}_run/metrics.jsonl" "/tmp/$name.log" "/tmp/$name/"
+    tar -czf "$OUT/$name.tgz" -C /tmp "$name"
+  }
+  for run in ${TB_RUNS:-4:tb4 4:tb4_nockpt:--no-checkpoint 1:tb1 2:tb2}; do
+    IFS=: read -r n name flags <<<"$run"
+    # shellcheck disable=SC2086  # flags: empty or one word
+    tb "$n" "$name" $flags
+  done
+  ;;
 *)
-  echo "usage: $0 phase1|phase2|phase3|phase4|phase5" >&2
+  echo "usage: $0 phase1|phase2|phase3|phase4|phase5|phase6" >&2
   exit 2
   ;;
 esac
