@@ -288,7 +288,8 @@ def baseline_transformer_step(preset: str, vocab: int, pad_to: int, batch: int, 
 def bare_transformer_step(preset: str, vocab: int, tokens: int, length: int, device, opts: list[str]):
     """The ceiling: the same model on a full batch of `tokens // length` pairs of equal length (no padding),
     bf16 autocast, fused AdamW. opts: "compile" compiles the model, "lossc" compiles model and loss together
-    (the cross-entropy over the vocabulary fuses too), "nodrop" sets dropout to 0 (what dropout costs); "cudnn"
+    (the cross-entropy over the vocabulary fuses too), "regional" compiles each layer and the loss apart (as
+    transformer/train.py does), "nodrop" sets dropout to 0 (what dropout costs); "cudnn"
     (bare_transformer_row) lets attention use cuDNN.
     Returns (step, target tokens per step)."""
     model = build_transformer(preset, vocab, dropout=0.0 if "nodrop" in opts else None).to(device)
@@ -297,15 +298,22 @@ def bare_transformer_step(preset: str, vocab: int, tokens: int, length: int, dev
     src = torch.randint(4, vocab, (b, length), device=device)
     tgt = torch.randint(4, vocab, (b, length + 1), device=device)
 
+    def token_loss(logits, tgt_out):
+        return F.cross_entropy(logits.flatten(0, 1).float(), tgt_out.flatten(), label_smoothing=0.1)
+
     def loss_fn(src, tgt):
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             logits = model(src, tgt[:, :-1])
-        return F.cross_entropy(logits.flatten(0, 1).float(), tgt[:, 1:].flatten(), label_smoothing=0.1)
+        return token_loss(logits, tgt[:, 1:])
 
     if "lossc" in opts:
         loss_fn = torch.compile(loss_fn)
     elif "compile" in opts:
         model = torch.compile(model)
+    elif "regional" in opts:  # as transformer/train.py --compile: each layer on its own, and the loss
+        for layer in (*model.encoder, *model.decoder):
+            layer.compile()
+        token_loss = torch.compile(token_loss)  # loss_fn looks the name up at call time
 
     def step():
         loss_fn(src, tgt).backward()
@@ -359,6 +367,7 @@ def bare_transformer_row(args, preset: str, vocab: int, tokens: int, opts: list[
     step, per_step = bare_transformer_step(preset, vocab, tokens, 24, device, opts)
     rate = timed(step, args.iters, 10, per_step, device)
     extra = ", compile" * ("compile" in opts) + ", model and loss compiled together" * ("lossc" in opts)
+    extra += ", each layer and the loss compiled apart" * ("regional" in opts)
     extra += ", dropout 0" * ("nodrop" in opts) + ", cuDNN attention" * ("cudnn" in opts)
     what = f"bare step {preset}, {tokens} tokens as {per_step // 24}x24, bf16{extra}"
     row = {"bench": "transformer", "what": what, "tok_per_s": rate, "mfu": mfu_per_tok * rate}
@@ -482,8 +491,8 @@ def main() -> None:
     p.add_argument(
         "--tr-configs",
         default="small:8192,base:65536:compile:bare,base:65536:compile",
-        help="transformer runs, comma-separated PRESET:TOKENS_PER_GPU[:compile][:bare[:lossc][:nodrop][:profile]"
-        "[:cudnn]] "
+        help="transformer runs, comma-separated PRESET:TOKENS_PER_GPU[:compile][:bare[:lossc|:regional][:nodrop]"
+        "[:profile]][:cudnn] "
         "(bare: the bare step only; see bare_transformer_step)",
     )
     p.add_argument("--tr-steps", type=int, default=60, help="--max-steps of each transformer script run")

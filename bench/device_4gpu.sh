@@ -9,6 +9,7 @@
 #   bash bench/device_4gpu.sh phase4   # fourth session: cuDNN attention or not (bare + script), CIFAR DataLoader
 #   bash bench/device_4gpu.sh phase5   # fourth session: eager weak scaling on Multi30k x 8, cuDNN attention or not
 #   bash bench/device_4gpu.sh phase6   # fifth session: profile of the epoch boundary, eager on 4, 1 and 2 GPUs
+#   bash bench/device_4gpu.sh phase7   # fifth session, after the fixes: boundary, eager and compiled scaling
 # shellcheck disable=SC2030,SC2031  # each queue sets its own CUDA_VISIBLE_DEVICES in its subshell, on purpose
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -55,6 +56,25 @@ m8_data() { # Multi30k x 8 in /tmp/m8 (232,000 pairs): enough steps per epoch to
 }
 M8=(--data /tmp/m8 --lang-src de --lang-tgt en --preset base --max-tokens 65536 --max-steps 70 -p 10 --eval-every 0
   -j 4 --vocab-size 8000 --resume none)
+m8() { # m8 NPROC NAME [FLAGS...]: transformer/train.py on Multi30k x 8, per-window tok/s printed, metrics kept
+  local n=$1 name=$2
+  shift 2
+  t timeout "${M8_TIMEOUT:-300}" torchrun --standalone --nproc_per_node="$n" transformer/train.py "${M8[@]}" \
+    --output-dir "/tmp/$name" "$@" >"/tmp/$name.log" 2>&1
+  grep -o '"step": [0-9]*\|"tok_per_s": [0-9]*\|"time": [0-9.]*' "/tmp/$name/metrics.jsonl" | paste -sd' '
+  keep "/tmp/$name/metrics.jsonl" "$name.jsonl"
+}
+tb() { # tb NPROC NAME [WRAPPER FLAGS...]: bench/trace_boundary.py on Multi30k x 8; $OUT/NAME.tgz holds its files
+  local n=$1 name=$2
+  shift 2
+  t torchrun --standalone --nproc_per_node="$n" bench/trace_boundary.py --out "/tmp/$name" "$@" -- "${M8[@]}" \
+    --output-dir "/tmp/${name}_run" >"/tmp/$name.log" 2>&1
+  grep -E "rror|^done" "/tmp/$name.log" | tail -3
+  grep -o '"step": [0-9]*\|"tok_per_s": [0-9]*' "/tmp/${name}_run/metrics.jsonl" | paste -sd' '
+  python3 bench/trace_boundary.py --out "/tmp/$name" --summarize
+  cp "/tmp/${name}_run/metrics.jsonl" "/tmp/$name.log" "/tmp/$name/"
+  tar -czf "$OUT/$name.tgz" -C /tmp "$name"
+}
 nvidia-smi -L
 
 case ${1:-} in
@@ -166,14 +186,6 @@ phase4) # fourth session (BENCHMARKS.md §8), one call: queues side by side, one
 phase5) # fourth session: eager weak scaling on Multi30k x 8 (232,000 pairs: 60 steps per epoch on 1 GPU, so
   # few epoch boundaries), with and without cuDNN attention; per-window tok/s printed, metrics kept
   m8_data
-  m8() { # m8 NPROC NAME [FLAGS...]
-    local n=$1 name=$2
-    shift 2
-    t torchrun --standalone --nproc_per_node="$n" transformer/train.py "${M8[@]}" --output-dir "/tmp/$name" \
-      "$@" >"/tmp/$name.log" 2>&1
-    grep -o '"step": [0-9]*\|"tok_per_s": [0-9]*' "/tmp/$name/metrics.jsonl" | paste -sd' '
-    keep "/tmp/$name/metrics.jsonl" "$name.jsonl"
-  }
   m8 1 m8_cudnn_1 --cudnn-attention
   m8 4 m8_cudnn_4 --cudnn-attention
   for n in 1 2 4; do m8 "$n" "m8_default_$n"; done
@@ -181,25 +193,24 @@ phase5) # fourth session: eager weak scaling on Multi30k x 8 (232,000 pairs: 60 
 phase6) # fifth session: where an epoch boundary's time goes (bench/trace_boundary.py: step times on every rank,
   # a profile of rank 0 and 1 across the first boundary), eager on 4, 1 and 2 GPUs; 4 GPUs also with no checkpoint
   m8_data
-  tb() { # tb NPROC NAME [WRAPPER FLAGS...]: the archive $OUT/NAME.tgz holds the traces, step times and metrics
-    local n=$1 name=$2
-    shift 2
-    t torchrun --standalone --nproc_per_node="$n" bench/trace_boundary.py --out "/tmp/$name" "$@" -- "${M8[@]}" \
-      --output-dir "/tmp/${name}_run" >"/tmp/$name.log" 2>&1
-    grep -E "rror|^done" "/tmp/$name.log" | tail -3
-    grep -o '"step": [0-9]*\|"tok_per_s": [0-9]*' "/tmp/${name}_run/metrics.jsonl" | paste -sd' '
-    python3 bench/trace_boundary.py --out "/tmp/$name" --summarize
-    cp "/tmp/${name}_run/metrics.jsonl" "/tmp/$name.log" "/tmp/$name/"
-    tar -czf "$OUT/$name.tgz" -C /tmp "$name"
-  }
   for run in ${TB_RUNS:-4:tb4 4:tb4_nockpt:--no-checkpoint 1:tb1 2:tb2}; do
     IFS=: read -r n name flags <<<"$run"
     # shellcheck disable=SC2086  # flags: empty or one word
     tb "$n" "$name" $flags
   done
   ;;
+phase7) # fifth session, after the fixes (one DataLoader iterator per run; each layer compiled on its own): the
+  # boundary trace again; weak scaling eager and compiled on 1/2/4 GPUs (the compiled runs share one compile
+  # cache, so only the first compiles from scratch); then the benchmark's compiled 1-GPU script row with its
+  # baseline loop and the bare step compiled whole and per layer, in what is left of the call
+  m8_data
+  tb 4 tb4_after
+  for n in 1 2 4; do m8 "$n" "m8e_$n"; done
+  for n in 1 2 4; do m8 "$n" "m8c_$n" --compile; done
+  tr_bench tr_c1 1 base:65536:compile,base:65536:bare:lossc,base:65536:bare:regional
+  ;;
 *)
-  echo "usage: $0 phase1|phase2|phase3|phase4|phase5|phase6" >&2
+  echo "usage: $0 phase1|phase2|phase3|phase4|phase5|phase6|phase7" >&2
   exit 2
   ;;
 esac

@@ -54,7 +54,7 @@ def main() -> None:
             "old: target, then source length": token_batches(
                 sorted(range(len(src)), key=lambda i: (tgt[i], src[i])), longer, mt
             ),
-            "train.py: longer side, then target, then source": [b for step in sampler.steps for b in step],
+            "train.py: longer side, then target, then source": [b for step in sampler.plan(0)[0] for b in step],
         }
         for name, batches in orders.items():
             s = padding_stats(batches, src, tgt)

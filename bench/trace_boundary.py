@@ -91,23 +91,19 @@ def main() -> None:
     import transformer.data
 
     sampler_cls = transformer.data.TokenBudgetBatchSampler
-    named(sampler_cls, "set_epoch", "boundary: sampler.set_epoch (epoch plan)")
-    named(sampler_cls, "step_tokens", "boundary: sampler.step_tokens")
+    named(sampler_cls, "plan", "boundary: sampler.plan (an epoch's batches)")
     named(torch.utils.data.DataLoader, "__iter__", "boundary: DataLoader.__iter__ (workers restart)")
     if args.no_checkpoint:
         common.checkpoint.save_checkpoint = lambda *a, **k: None
     named(common.checkpoint, "save_checkpoint", "boundary: save_checkpoint (rank 0)")
 
     stamps: list[float] = []
-    epoch_ends: list[int] = []
     state = {"prof": None, "steps_per_epoch": None}
     orig_set_epoch = sampler_cls.set_epoch
 
-    def set_epoch(self, epoch, skip=0):  # learn the epoch length, start the profiler where the first end is near
+    def set_epoch(self, *a, **k):  # learn the epoch length, to start the profiler where the first end is near
         state["steps_per_epoch"] = getattr(self, "steps_per_epoch", None)
-        if stamps:
-            epoch_ends.append(len(stamps))
-        return orig_set_epoch(self, epoch, skip=skip)
+        return orig_set_epoch(self, *a, **k)
 
     sampler_cls.set_epoch = set_epoch
 
@@ -142,7 +138,8 @@ def main() -> None:
         runpy.run_path(sys.argv[0], run_name="__main__")
     finally:
         gaps = [b - a for a, b in zip(stamps, stamps[1:])]
-        record = {"rank": rank, "step_seconds": gaps, "epoch_end_after_step": epoch_ends}
+        spe = state["steps_per_epoch"] or len(stamps) + 1  # a run from the start: epochs end at multiples of spe
+        record = {"rank": rank, "step_seconds": gaps, "epoch_end_after_step": list(range(spe, len(stamps), spe))}
         (out / f"steps_rank{rank}.json").write_text(json.dumps(record))
 
 

@@ -172,8 +172,23 @@ def test_sampler_plan_equals_the_plain_algorithm(world, accum, max_tokens):
         batches = [batches[k] for k in torch.randperm(len(batches), generator=g).tolist()]
         steps = [batches[k : k + world * accum] for k in range(0, len(batches), world * accum)]
         sampler.set_epoch(epoch)
-        assert sampler.steps == steps
+        assert sampler.plan(epoch)[0] == steps
         assert sampler.step_tokens() == [sum(tgt[i] for b in step for i in b) for step in steps]
+
+
+def test_sampler_deals_epoch_after_epoch():
+    """set_epoch(e, skip=k, until=n) deals epoch e from batch k on, then epochs e+1 .. n-1, each as set_epoch
+    alone would: train.py's one DataLoader iterator for the whole run (no worker restart per epoch)."""
+    g = torch.Generator().manual_seed(2)
+    src, tgt = torch.randint(1, 40, (2, 400), generator=g).tolist()
+    sampler = TokenBudgetBatchSampler(src, tgt, 150, 1, 2, seed=4, accum=2)
+    alone = []
+    for epoch in (2, 3, 4):
+        sampler.set_epoch(epoch)
+        alone.append(list(sampler))
+    sampler.set_epoch(2, skip=3, until=5)
+    assert list(sampler) == alone[0][3:] + alone[1] + alone[2] and len(sampler) == 3 * len(alone[0]) - 3
+    assert sampler.step_tokens(3) == sampler.plan(3)[1] and sampler.step_tokens() == sampler.plan(2)[1]
 
 
 def test_sampler_fills_the_budget_with_real_tokens():
@@ -185,7 +200,7 @@ def test_sampler_fills_the_budget_with_real_tokens():
     tgt_lens = torch.randint(2, 60, (2000,), generator=g).tolist()
     longer = [max(s, t) for s, t in zip(src_lens, tgt_lens)]
     sampler = TokenBudgetBatchSampler(src_lens, tgt_lens, 1024)
-    batches = [b for step in sampler.steps for b in step]
+    batches = [b for step in sampler.plan(0)[0] for b in step]
     counted = sum(len(b) * max(longer[i] for i in b) for b in batches)
     assert sum(longer) / counted > 0.95 and len(batches) <= 85
 
@@ -322,7 +337,7 @@ def test_resume_continues_identically(ddp_runs):
 
 @pytest.mark.slow
 def test_compiled_model_and_loss_train_like_eager_under_ddp(tmp_path):
-    """--compile compiles model and loss together (dynamic shapes) around the DDP model; with 2 processes and
+    """--compile compiles each layer and the loss (dynamic shapes) inside the DDP model; with 2 processes and
     gradient accumulation (no_sync on the first micro-batch) the logged losses match the eager run's. The compiled
     run also takes --eval-every 0: no evaluation, no best.pt."""
     args = [TRAIN, "--synthetic", "--preset", "tiny", "--max-tokens", "512", "--max-steps", "4", "-p", "2",

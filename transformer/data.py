@@ -350,7 +350,9 @@ class TokenBudgetBatchSampler(Sampler):
          lengths (less gradient noise than one length bucket per step), and as every batch holds about
          max_tokens tokens the ranks still do similar work. Rank r takes batches r*accum ... r*accum+accum-1.
     The batch count is the same every epoch (the sorted lengths are). `set_epoch(e, skip=k)` skips
-    this rank's first k batches, to resume mid-epoch.
+    this rank's first k batches, to resume mid-epoch; `set_epoch(e, until=n)` then deals the epochs after e
+    too, up to n: one DataLoader iterator then serves the whole run, so its workers never restart at an
+    epoch boundary, and the next epoch's plan is made while the last batches of this one train.
     """
 
     def __init__(
@@ -380,12 +382,15 @@ class TokenBudgetBatchSampler(Sampler):
             sizes[j : j + 1] = [sizes[j] // 2, sizes[j] - sizes[j] // 2]
         self.bounds = [0, *itertools.accumulate(sizes)]
         self.batch_of = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))  # position -> batch
+        self.steps_per_epoch = len(sizes) // self.group
+        self._plans: dict[int, tuple[list[list[list[int]]], list[int]]] = {}
         self.set_epoch(0)
-        self.steps_per_epoch = len(self.steps)
 
     def plan(self, epoch: int) -> tuple[list[list[list[int]]], list[int]]:
         """The epoch as a list of optimizer steps, each a list of world_size x accum batches, and the target
-        tokens of each step (all its batches together)."""
+        tokens of each step (all its batches together). Kept for the epoch before it, still being trained."""
+        if epoch in self._plans:
+            return self._plans[epoch]
         g = torch.Generator().manual_seed(mix_seed(self.seed, epoch))
         perm = torch.randperm(len(self.key), generator=g)
         order = perm[torch.argsort(self.key[perm], stable=True)]
@@ -395,22 +400,26 @@ class TokenBudgetBatchSampler(Sampler):
         shuffle = torch.randperm(len(batches), generator=g).tolist()
         batches, tokens = [batches[k] for k in shuffle], tokens[shuffle].tolist()
         r = range(0, len(batches), self.group)
-        return [batches[k : k + self.group] for k in r], [sum(tokens[k : k + self.group]) for k in r]
+        self._plans = {e: p for e, p in self._plans.items() if e == epoch - 1}
+        self._plans[epoch] = [batches[k : k + self.group] for k in r], [sum(tokens[k : k + self.group]) for k in r]
+        return self._plans[epoch]
 
-    def set_epoch(self, epoch: int, skip: int = 0) -> None:
-        self.epoch, self.skip = epoch, skip
-        self.steps, self._step_tokens = self.plan(epoch)
+    def set_epoch(self, epoch: int, skip: int = 0, until: int | None = None) -> None:
+        """Deal epoch `epoch` from this rank's batch `skip` on, then the epochs before `until` (default: none)."""
+        self.epoch, self.skip, self.until = epoch, skip, max(until or 0, epoch + 1)
 
-    def step_tokens(self) -> list[int]:
-        """Target tokens (with </s>) of each optimizer step of this epoch, over all ranks: the loss divisor."""
-        return self._step_tokens
+    def step_tokens(self, epoch: int | None = None) -> list[int]:
+        """Target tokens (with </s>) of each optimizer step of an epoch (default: the one set), over all ranks:
+        the loss divisor."""
+        return self.plan(self.epoch if epoch is None else epoch)[1]
 
-    def rank_batches(self) -> list[list[int]]:
-        a = self.accum
-        return [b for step in self.steps for b in step[self.rank * a : (self.rank + 1) * a]]
+    def rank_batches(self, epoch: int | None = None) -> list[list[int]]:
+        a, steps = self.accum, self.plan(self.epoch if epoch is None else epoch)[0]
+        return [b for step in steps for b in step[self.rank * a : (self.rank + 1) * a]]
 
     def __iter__(self):
-        return iter(self.rank_batches()[self.skip :])
+        for e in range(self.epoch, self.until):
+            yield from self.rank_batches(e)[self.skip if e == self.epoch else 0 :]
 
     def __len__(self) -> int:
-        return self.steps_per_epoch * self.accum - self.skip
+        return (self.until - self.epoch) * self.steps_per_epoch * self.accum - self.skip

@@ -140,6 +140,7 @@ def bleu_signature() -> str:
 
 
 @torch.no_grad()
+@torch.compiler.set_stance("force_eager")  # --compile's layers run eagerly here: no compiling for eval shapes
 def evaluate(model, data, tok, args, info, dtype) -> dict:
     """Loss and sacreBLEU over the whole split: each pair on one rank, the hypotheses gathered on rank 0.
 
@@ -273,21 +274,24 @@ def main(args: argparse.Namespace) -> None:
             model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True
         )
 
-    def forward_loss(src, tgt_in, tgt_out):
-        """Summed token cross-entropy of one batch. Model and loss in one function, so that when compiled the
-        loss over the whole vocabulary (the largest activation, batch x length x vocab) fuses as well."""
-        with autocast(device, dtype):
-            logits = model(src, tgt_in)
-            return F.cross_entropy(
-                logits.flatten(0, 1),
-                tgt_out.flatten(),
-                ignore_index=PAD,
-                label_smoothing=args.label_smoothing,
-                reduction="sum",
-            )
+    def token_loss(logits, tgt_out):
+        """Summed token cross-entropy of one batch (compiled, the loss over the whole vocabulary, the largest
+        activation at batch x length x vocab, fuses into a few kernels)."""
+        return F.cross_entropy(
+            logits.flatten(0, 1),
+            tgt_out.flatten(),
+            ignore_index=PAD,
+            label_smoothing=args.label_smoothing,
+            reduction="sum",
+        )
 
-    # dynamic=True: batch shapes change with every length bucket; compile once for all of them.
-    train_loss = torch.compile(forward_loss, dynamic=True) if args.compile else forward_loss
+    if args.compile:
+        # Compile each layer, not the whole model: the 6 encoder layers share one compiled graph and the 6 decoder
+        # layers another, which compiles several times faster (BENCHMARKS.md §9), and DDP needs no graph splitting.
+        # dynamic=True: batch shapes change with every length bucket; compile once for all of them.
+        for layer in (*model_without_ddp.encoder, *model_without_ddp.decoder):
+            layer.compile(dynamic=True)
+        token_loss = torch.compile(token_loss, dynamic=True)
 
     # ---- optimizer and LR schedule (a pure function of the step)
     optimizer = torch.optim.AdamW(
@@ -400,17 +404,21 @@ def main(args: argparse.Namespace) -> None:
     # ---- training loop
     stopped = False
     loss_sum, tok_done, t0 = torch.zeros((), device=device), 0, time.time()
+    # One DataLoader iterator for the whole run: the sampler deals epoch after epoch, so the workers never restart
+    # at an epoch boundary (a restart left 4 GPUs idle for about 0.1 s at every epoch: BENCHMARKS.md §9).
+    sampler.set_epoch(epoch, skip=batch_in_epoch, until=args.epochs)
+    batches = iter(train_loader)
     while epoch < args.epochs and step < max_steps and not stopped:
         model.train()
-        sampler.set_epoch(epoch, skip=batch_in_epoch)
-        step_tokens = sampler.step_tokens()  # target tokens of each optimizer step, all ranks together
-        for i, (src, tgt_in, tgt_out) in enumerate(train_loader, start=batch_in_epoch):
-            src, tgt_in, tgt_out = (t.to(device, non_blocking=True) for t in (src, tgt_in, tgt_out))
+        step_tokens = sampler.step_tokens(epoch)  # target tokens of each optimizer step, all ranks together
+        for i in range(batch_in_epoch, steps_per_epoch * args.accum_steps):
+            src, tgt_in, tgt_out = (t.to(device, non_blocking=True) for t in next(batches))
             if i % args.accum_steps == 0:  # dropout masks depend on (seed, rank, step) only: resumable
                 torch.manual_seed(mix_seed(args.seed, info.rank, step))
             sync = (i + 1) % args.accum_steps == 0
             with model.no_sync() if (not sync and info.world_size > 1) else contextlib.nullcontext():
-                loss = train_loss(src, tgt_in, tgt_out)
+                with autocast(device, dtype):
+                    loss = token_loss(model(src, tgt_in), tgt_out)
                 # DDP averages gradients over ranks; x world_size / tokens makes the step's gradient the mean
                 # over every target token of the step, however unevenly the tokens fall on ranks and micro-batches.
                 scaler.scale(loss * (info.world_size / step_tokens[i // args.accum_steps])).backward()
