@@ -10,6 +10,7 @@
 #   bash bench/device_4gpu.sh phase5   # fourth session: eager weak scaling on Multi30k x 8, cuDNN attention or not
 #   bash bench/device_4gpu.sh phase6   # fifth session: profile of the epoch boundary, eager on 4, 1 and 2 GPUs
 #   bash bench/device_4gpu.sh phase7   # fifth session, after the fixes: boundary, eager and compiled scaling
+#   bash bench/device_4gpu.sh phase8   # fifth session: compiled scaling traced, and with balanced steps
 # shellcheck disable=SC2030,SC2031  # each queue sets its own CUDA_VISIBLE_DEVICES in its subshell, on purpose
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -64,11 +65,16 @@ m8() { # m8 NPROC NAME [FLAGS...]: transformer/train.py on Multi30k x 8, per-win
   grep -o '"step": [0-9]*\|"tok_per_s": [0-9]*\|"time": [0-9.]*' "/tmp/$name/metrics.jsonl" | paste -sd' '
   keep "/tmp/$name/metrics.jsonl" "$name.jsonl"
 }
-tb() { # tb NPROC NAME [WRAPPER FLAGS...]: bench/trace_boundary.py on Multi30k x 8; $OUT/NAME.tgz holds its files
-  local n=$1 name=$2
+tb() { # tb NPROC NAME [WRAPPER FLAGS...] [-- TRAIN FLAGS...]: bench/trace_boundary.py on Multi30k x 8; $OUT/NAME.tgz
+  local n=$1 name=$2 wrap=()
   shift 2
-  t torchrun --standalone --nproc_per_node="$n" bench/trace_boundary.py --out "/tmp/$name" "$@" -- "${M8[@]}" \
-    --output-dir "/tmp/${name}_run" >"/tmp/$name.log" 2>&1
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do
+    wrap+=("$1")
+    shift
+  done
+  [ $# -gt 0 ] && shift
+  t timeout "${M8_TIMEOUT:-300}" torchrun --standalone --nproc_per_node="$n" bench/trace_boundary.py \
+    --out "/tmp/$name" "${wrap[@]}" -- "${M8[@]}" --output-dir "/tmp/${name}_run" "$@" >"/tmp/$name.log" 2>&1
   grep -E "rror|^done" "/tmp/$name.log" | tail -3
   grep -o '"step": [0-9]*\|"tok_per_s": [0-9]*' "/tmp/${name}_run/metrics.jsonl" | paste -sd' '
   python3 bench/trace_boundary.py --out "/tmp/$name" --summarize
@@ -209,8 +215,17 @@ phase7) # fifth session, after the fixes (one DataLoader iterator per run; each 
   for n in 1 2 4; do m8 "$n" "m8c_$n" --compile; done
   tr_bench tr_c1 1 base:65536:compile,base:65536:bare:lossc,base:65536:bare:regional
   ;;
+phase8) # fifth session: compiled weak scaling, traced (which rank do the others wait for?): the 1-GPU baseline,
+  # 4 GPUs as the sampler deals steps, then with --balance-steps (an experiment: each step's batches of similar
+  # row counts), then 2 GPUs balanced; one compile cache for all
+  m8_data
+  m8 1 m8c_1b --compile
+  tb 4 tbc4 --before 3 --after 5 -- --compile
+  tb 4 tbc4_bal --before 3 --after 5 --balance-steps -- --compile
+  tb 2 tbc2_bal --before 3 --after 5 --balance-steps -- --compile
+  ;;
 *)
-  echo "usage: $0 phase1|phase2|phase3|phase4|phase5|phase6|phase7" >&2
+  echo "usage: $0 phase1|phase2|phase3|phase4|phase5|phase6|phase7|phase8" >&2
   exit 2
   ;;
 esac

@@ -9,7 +9,8 @@ Everything after ``--`` goes to transformer/train.py, which runs as it is. This 
 - a ``torch.profiler`` trace (CPU and CUDA) of the steps from ``--before`` steps ahead of the first epoch end
   to ``--after`` steps past it (``trace_rankR.json.gz`` and a table of the named ranges, ``ranges_rankR.txt``).
   Named ranges mark the sampler's epoch plan, the DataLoader's restart and the checkpoint write.
-With ``--no-checkpoint`` the script writes no checkpoint at all, to isolate what writing one costs.
+With ``--no-checkpoint`` the script writes no checkpoint at all, to isolate what writing one costs; with
+``--balance-steps`` each step gets batches of similar row counts (an experiment on the ranks' load balance).
 """
 
 from __future__ import annotations
@@ -40,6 +41,20 @@ def named(owner, attr: str, label: str) -> None:
     setattr(owner, attr, wrapper)
 
 
+def compute_per_step(events: list[dict]) -> list[float]:
+    """Kernel time without NCCL kernels (which also count the wait for other ranks) of each profiled step. A step
+    ends with the optimizer's kernels; compared across ranks, it shows which rank the others waited for."""
+    steps, cur, in_opt = [], 0.0, False
+    for e in sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"]):
+        name = e["name"].lower()
+        opt = "adam" in name or "multi_tensor" in name
+        if in_opt and not opt and cur > 5e3:  # optimizer done (clip-norm kernels alone make a stretch of < 5 ms)
+            steps, cur = [*steps, cur / 1e3], 0.0
+        cur += 0.0 if "nccl" in name else e["dur"]
+        in_opt = opt
+    return steps
+
+
 def summarize(out: Path) -> None:
     """Print, per rank: the median step, the steps that crossed an epoch end, and the profiled boundary's
     timeline (named CPU ranges, and the longest stretches with no GPU kernel running)."""
@@ -62,6 +77,10 @@ def summarize(out: Path) -> None:
             name = e["name"]
             if name.startswith(("boundary:", "ProfilerStep#")) or "DataLoader" in name:
                 print(f"  cpu {(e['ts'] - t0) / 1e3:9.1f} ms  {e['dur'] / 1e3:8.1f} ms  {name}")
+        print(
+            "  GPU compute per step (kernel time without NCCL), ms: "
+            + ", ".join(f"{c:.0f}" for c in compute_per_step(events))
+        )
         busy = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in ("kernel", "gpu_memcpy"))
         idle, end = [], busy[0][1] if busy else 0
         for a, b in busy:
@@ -72,6 +91,27 @@ def summarize(out: Path) -> None:
             print(f"  gpu idle {gap / 1e3:8.1f} ms from {(at - t0) / 1e3:9.1f} ms")
 
 
+def balance_steps(sampler_cls) -> None:
+    """Re-deal the sampler's batches so that each optimizer step holds batches of similar row counts: a batch of
+    many short sentences takes longer than one of few long ones at the same token budget (per-row attention cost),
+    and DDP waits for the slowest rank. Steps then come in a random order. The batches themselves are unchanged."""
+    plan = sampler_cls.plan
+
+    def balanced(self, epoch):
+        if epoch in self._plans:
+            return self._plans[epoch]
+        steps, _ = plan(self, epoch)
+        batches = sorted((b for step in steps for b in step), key=len)
+        groups = [batches[k : k + self.group] for k in range(0, len(batches), self.group)]
+        order = torch.randperm(len(groups), generator=torch.Generator().manual_seed(epoch)).tolist()
+        groups = [groups[k] for k in order]
+        tokens = [sum(int(self.tgt_lens[b].sum()) for b in step) for step in groups]
+        self._plans[epoch] = groups, tokens
+        return self._plans[epoch]
+
+    sampler_cls.plan = balanced
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True)
@@ -79,6 +119,11 @@ def main() -> None:
     p.add_argument("--before", type=int, default=2, help="profile from this many steps before the first epoch end")
     p.add_argument("--after", type=int, default=3, help="... to this many steps after it")
     p.add_argument("--no-checkpoint", action="store_true", help="write no checkpoint (isolates what writing costs)")
+    p.add_argument(
+        "--balance-steps",
+        action="store_true",
+        help="experiment: each step's batches have similar row counts (ranks do similar work; lengths mix less)",
+    )
     args, rest = p.parse_known_args()
     if args.summarize:
         return summarize(Path(args.out))
@@ -93,6 +138,8 @@ def main() -> None:
     sampler_cls = transformer.data.TokenBudgetBatchSampler
     named(sampler_cls, "plan", "boundary: sampler.plan (an epoch's batches)")
     named(torch.utils.data.DataLoader, "__iter__", "boundary: DataLoader.__iter__ (workers restart)")
+    if args.balance_steps:
+        balance_steps(sampler_cls)
     if args.no_checkpoint:
         common.checkpoint.save_checkpoint = lambda *a, **k: None
     named(common.checkpoint, "save_checkpoint", "boundary: save_checkpoint (rank 0)")
