@@ -11,6 +11,7 @@
 #   bash bench/device_4gpu.sh phase6   # fifth session: profile of the epoch boundary, eager on 4, 1 and 2 GPUs
 #   bash bench/device_4gpu.sh phase7   # fifth session, after the fixes: boundary, eager and compiled scaling
 #   bash bench/device_4gpu.sh phase8   # fifth session: compiled scaling traced, and with balanced steps
+#   bash bench/device_4gpu.sh phase9   # fifth session: the BLEU recipe on 2 GPUs with and without balanced steps
 # shellcheck disable=SC2030,SC2031  # each queue sets its own CUDA_VISIBLE_DEVICES in its subshell, on purpose
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -216,16 +217,39 @@ phase7) # fifth session, after the fixes (one DataLoader iterator per run; each 
   tr_bench tr_c1 1 base:65536:compile,base:65536:bare:lossc,base:65536:bare:regional
   ;;
 phase8) # fifth session: compiled weak scaling, traced (which rank do the others wait for?): the 1-GPU baseline,
-  # 4 GPUs as the sampler deals steps, then with --balance-steps (an experiment: each step's batches of similar
-  # row counts), then 2 GPUs balanced; one compile cache for all
+  # 4 GPUs as the sampler deals steps by default, then with --balance-steps (each step's batches of similar row
+  # counts), then 2 GPUs balanced; one compile cache for all. What ran (commit fe4276b) balanced the steps with a
+  # patch in bench/trace_boundary.py that became train.py's --balance-steps (the same grouping; another shuffle)
   m8_data
   m8 1 m8c_1b --compile
   tb 4 tbc4 --before 3 --after 5 -- --compile
-  tb 4 tbc4_bal --before 3 --after 5 --balance-steps -- --compile
-  tb 2 tbc2_bal --before 3 --after 5 --balance-steps -- --compile
+  tb 4 tbc4_bal --before 3 --after 5 -- --compile --balance-steps
+  tb 2 tbc2_bal --before 3 --after 5 -- --compile --balance-steps
+  ;;
+phase9) # fifth session: does --balance-steps cost quality? The documented de->en recipe on 2 GPUs, with and
+  # without it, side by side (GPUs 0-1 and 2-3, 32 pinned cores each)
+  for v in mixed balanced; do
+    (
+      extra=()
+      if [ $v = mixed ]; then
+        pin 0-31
+        export CUDA_VISIBLE_DEVICES=0,1
+      else
+        pin 32-63
+        export CUDA_VISIBLE_DEVICES=2,3
+        extra=(--balance-steps)
+      fi
+      t torchrun --standalone --nproc_per_node=2 transformer/train.py --data .data/multi30k --lang-src de \
+        --lang-tgt en --preset small --max-tokens 8192 --lr 1e-3 --warmup-steps 1000 --epochs 60 --eval-every 5 \
+        -p 100 --samples 0 --output-dir "/tmp/deen2_$v" "${extra[@]}" >"/tmp/deen2_$v.log" 2>&1
+      grep -E "^done|val:|rror|s wall" "/tmp/deen2_$v.log"
+      keep "/tmp/deen2_$v/metrics.jsonl" "deen_2gpu_$v.jsonl"
+    ) >"$OUT/q_$v.log" 2>&1 &
+  done
+  wait
   ;;
 *)
-  echo "usage: $0 phase1|phase2|phase3|phase4|phase5|phase6|phase7|phase8" >&2
+  echo "usage: $0 phase1|phase2|phase3|phase4|phase5|phase6|phase7|phase8|phase9" >&2
   exit 2
   ;;
 esac

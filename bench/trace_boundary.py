@@ -9,8 +9,7 @@ Everything after ``--`` goes to transformer/train.py, which runs as it is. This 
 - a ``torch.profiler`` trace (CPU and CUDA) of the steps from ``--before`` steps ahead of the first epoch end
   to ``--after`` steps past it (``trace_rankR.json.gz`` and a table of the named ranges, ``ranges_rankR.txt``).
   Named ranges mark the sampler's epoch plan, the DataLoader's restart and the checkpoint write.
-With ``--no-checkpoint`` the script writes no checkpoint at all, to isolate what writing one costs; with
-``--balance-steps`` each step gets batches of similar row counts (an experiment on the ranks' load balance).
+With ``--no-checkpoint`` the script writes no checkpoint at all, to isolate what writing one costs.
 """
 
 from __future__ import annotations
@@ -91,27 +90,6 @@ def summarize(out: Path) -> None:
             print(f"  gpu idle {gap / 1e3:8.1f} ms from {(at - t0) / 1e3:9.1f} ms")
 
 
-def balance_steps(sampler_cls) -> None:
-    """Re-deal the sampler's batches so that each optimizer step holds batches of similar row counts: a batch of
-    many short sentences takes longer than one of few long ones at the same token budget (per-row attention cost),
-    and DDP waits for the slowest rank. Steps then come in a random order. The batches themselves are unchanged."""
-    plan = sampler_cls.plan
-
-    def balanced(self, epoch):
-        if epoch in self._plans:
-            return self._plans[epoch]
-        steps, _ = plan(self, epoch)
-        batches = sorted((b for step in steps for b in step), key=len)
-        groups = [batches[k : k + self.group] for k in range(0, len(batches), self.group)]
-        order = torch.randperm(len(groups), generator=torch.Generator().manual_seed(epoch)).tolist()
-        groups = [groups[k] for k in order]
-        tokens = [sum(int(self.tgt_lens[b].sum()) for b in step) for step in groups]
-        self._plans[epoch] = groups, tokens
-        return self._plans[epoch]
-
-    sampler_cls.plan = balanced
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True)
@@ -119,11 +97,6 @@ def main() -> None:
     p.add_argument("--before", type=int, default=2, help="profile from this many steps before the first epoch end")
     p.add_argument("--after", type=int, default=3, help="... to this many steps after it")
     p.add_argument("--no-checkpoint", action="store_true", help="write no checkpoint (isolates what writing costs)")
-    p.add_argument(
-        "--balance-steps",
-        action="store_true",
-        help="experiment: each step's batches have similar row counts (ranks do similar work; lengths mix less)",
-    )
     args, rest = p.parse_known_args()
     if args.summarize:
         return summarize(Path(args.out))
@@ -138,8 +111,6 @@ def main() -> None:
     sampler_cls = transformer.data.TokenBudgetBatchSampler
     named(sampler_cls, "plan", "boundary: sampler.plan (an epoch's batches)")
     named(torch.utils.data.DataLoader, "__iter__", "boundary: DataLoader.__iter__ (workers restart)")
-    if args.balance_steps:
-        balance_steps(sampler_cls)
     if args.no_checkpoint:
         common.checkpoint.save_checkpoint = lambda *a, **k: None
     named(common.checkpoint, "save_checkpoint", "boundary: save_checkpoint (rank 0)")

@@ -191,6 +191,24 @@ def test_sampler_deals_epoch_after_epoch():
     assert sampler.step_tokens(3) == sampler.plan(3)[1] and sampler.step_tokens() == sampler.plan(2)[1]
 
 
+@pytest.mark.parametrize("world,accum", [(2, 1), (3, 2)])
+def test_balanced_steps_hold_batches_of_neighbouring_row_counts(world, accum):
+    """balance=True (--balance-steps): the same batches as without, but each step's batches are neighbours in
+    row count (the ranks finish together), in a random order of steps; the step token counts still add up."""
+    g = torch.Generator().manual_seed(3)
+    src, tgt = torch.randint(1, 40, (2, 600), generator=g).tolist()
+    plain = TokenBudgetBatchSampler(src, tgt, 200, 0, world, seed=1, accum=accum)
+    balanced = TokenBudgetBatchSampler(src, tgt, 200, 0, world, seed=1, accum=accum, balance=True)
+    steps, tokens = balanced.plan(2)
+    assert sorted(b for step in steps for b in step) == sorted(b for step in plain.plan(2)[0] for b in step)
+    assert tokens == [sum(tgt[i] for b in step for i in b) for step in steps]
+    spans = sorted((min(map(len, step)), max(map(len, step))) for step in steps)
+    assert all(hi <= lo_next for (_, hi), (lo_next, _) in zip(spans, spans[1:]))  # no two steps' ranges interleave
+    rows = [[len(b) for b in step] for step in steps]
+    assert rows != sorted(rows)  # the steps themselves come in a random order
+    assert balanced.plan(2) == TokenBudgetBatchSampler(src, tgt, 200, 0, world, 1, accum, balance=True).plan(2)
+
+
 def test_sampler_fills_the_budget_with_real_tokens():
     """The budget counts batch x longest (longer side), so batches must group pairs by that length. With source and
     target lengths independent, an order by target length alone fills 74% of the counted positions with real

@@ -79,6 +79,11 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--tokenizer", choices=("bpe", "wordlevel"), default="bpe", help="joint vocabulary type")
     g.add_argument("--vocab-size", type=int, default=8000, help="joint source+target vocabulary size")
     g.add_argument("-j", "--workers", type=int, default=2, help="DataLoader workers per process (they pad batches)")
+    g.add_argument(
+        "--balance-steps",
+        action="store_true",
+        help="give each step's ranks batches of similar row counts: they finish together (see the sampler)",
+    )
     g = p.add_argument_group("model")
     g.add_argument("--preset", choices=tuple(PRESETS), default="base", help="base: 512 wide, 6+6 layers")
     g.add_argument("--d-model", type=int, default=None, help="override the preset's width")
@@ -248,6 +253,7 @@ def main(args: argparse.Namespace) -> None:
             info.world_size,
             args.seed,
             args.accum_steps,
+            args.balance_steps,
         )
     except ValueError as e:
         raise UserError(f"too little training data: {e}") from None
