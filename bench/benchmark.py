@@ -6,9 +6,8 @@
 
 All parts together take longer than one 10-minute slot: on one H200 the two compiled ResNet-50 rows took about
 3 min and the transformer part about 4 min; on an H100 the jpeg part took 161 s. A compiled transformer `base`
-script run took 368 s on an H100, mostly dynamic-shape compilation (on every rank), and a 4-GPU one more than
-580 s: run 1, 2 and 4 GPUs as separate calls (--tr-nprocs), eager where time is short. Run the parts
-separately (--only).
+script run compiles for about 35 s on an H100 since `--compile` compiles each layer on its own (it took 368 s
+when the whole model was compiled). Run the parts separately (--only).
 
 Writes ``OUT/results.json`` and ``OUT/results.md``: device, GPU count, torch/CUDA versions, and for every row the
 exact command (script rows) or the baseline it is (bare rows). Each script row is measured in the same run as
