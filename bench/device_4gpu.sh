@@ -197,8 +197,9 @@ phase5) # fourth session: eager weak scaling on Multi30k x 8 (232,000 pairs: 60 
   m8 4 m8_cudnn_4 --cudnn-attention
   for n in 1 2 4; do m8 "$n" "m8_default_$n"; done
   ;;
-phase6) # fifth session: where an epoch boundary's time goes (bench/trace_boundary.py: step times on every rank,
-  # a profile of rank 0 and 1 across the first boundary), eager on 4, 1 and 2 GPUs; 4 GPUs also with no checkpoint
+phase6) # fifth session: where an epoch boundary's time goes (bench/trace_boundary.py: step times and a profile
+  # across the first boundary on every rank), eager on 4, 1 and 2 GPUs; 4 GPUs also with no checkpoint. It ran at
+  # commit 219aece, before the fix: the sampler then planned each epoch in set_epoch (a named range of its own)
   m8_data
   for run in ${TB_RUNS:-4:tb4 4:tb4_nockpt:--no-checkpoint 1:tb1 2:tb2}; do
     IFS=: read -r n name flags <<<"$run"

@@ -10,6 +10,9 @@ Everything after ``--`` goes to transformer/train.py, which runs as it is. This 
   to ``--after`` steps past it (``trace_rankR.json.gz`` and a table of the named ranges, ``ranges_rankR.txt``).
   Named ranges mark the sampler's epoch plan, the DataLoader's restart and the checkpoint write.
 With ``--no-checkpoint`` the script writes no checkpoint at all, to isolate what writing one costs.
+``--summarize`` prints, per rank, the steps that crossed an epoch end, the timeline of the named ranges, the
+longest GPU idle stretches and the GPU compute of each profiled step (the rank with the most is the one the
+others waited for in DDP's all-reduce).
 """
 
 from __future__ import annotations

@@ -281,8 +281,8 @@ def main(args: argparse.Namespace) -> None:
         )
 
     def token_loss(logits, tgt_out):
-        """Summed token cross-entropy of one batch (compiled, the loss over the whole vocabulary, the largest
-        activation at batch x length x vocab, fuses into a few kernels)."""
+        """Summed token cross-entropy of one batch. Compiled (--compile), the loss over the whole vocabulary
+        (batch x length x vocab, the largest activation) fuses into a few kernels."""
         return F.cross_entropy(
             logits.flatten(0, 1),
             tgt_out.flatten(),
