@@ -113,7 +113,7 @@ def main() -> None:
 
     sampler_cls = transformer.data.TokenBudgetBatchSampler
     named(sampler_cls, "plan", "boundary: sampler.plan (an epoch's batches)")
-    named(torch.utils.data.DataLoader, "__iter__", "boundary: DataLoader.__iter__ (workers restart)")
+    named(torch.utils.data.DataLoader, "__iter__", "boundary: DataLoader.__iter__ (workers start or restart)")
     if args.no_checkpoint:
         common.checkpoint.save_checkpoint = lambda *a, **k: None
     named(common.checkpoint, "save_checkpoint", "boundary: save_checkpoint (rank 0)")

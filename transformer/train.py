@@ -411,7 +411,7 @@ def main(args: argparse.Namespace) -> None:
     stopped = False
     loss_sum, tok_done, t0 = torch.zeros((), device=device), 0, time.time()
     # One DataLoader iterator for the whole run: the sampler deals epoch after epoch, so the workers never restart
-    # at an epoch boundary (a restart left 4 GPUs idle for about 0.1 s at every epoch: BENCHMARKS.md §9).
+    # at an epoch boundary (on 4 GPUs the restart and the epoch plan cost each rank about 0.1 s: BENCHMARKS.md §9).
     sampler.set_epoch(epoch, skip=batch_in_epoch, until=args.epochs)
     batches = iter(train_loader)
     while epoch < args.epochs and step < max_steps and not stopped:
