@@ -4,10 +4,10 @@
     python bench/benchmark.py --only resnet50,cifar --out o   # a subset
     python bench/benchmark.py --tiny --out o                  # CPU smoke mode (CI runs this so it cannot rot)
 
-All parts together take longer than one 10-minute slot: on one H200 the two compiled ResNet-50 rows took about
-3 min and the transformer part about 4 min; on an H100 the jpeg part took 161 s. A compiled transformer `base`
-script run compiles for about 35 s on an H100 since `--compile` compiles each layer on its own (it took 368 s
-when the whole model was compiled). Run the parts separately (--only).
+The parts take minutes each: on one H200 the two compiled ResNet-50 rows took about 3 min and the transformer
+part about 4 min; on an H100 the jpeg part took 161 s. A 40-step compiled transformer `base` script row takes
+about a minute on an H100, since `--compile` compiles each layer on its own. Run the parts separately (--only);
+bench/reproduce.sh runs them as BENCHMARKS.md reports them.
 
 Writes ``OUT/results.json`` and ``OUT/results.md``: device, GPU count, torch/CUDA versions, and for every row the
 exact command (script rows) or the baseline it is (bare rows). Each script row is measured in the same run as
@@ -122,7 +122,7 @@ RN50_CONFIGS = {
 
 
 def bench_resnet50(args, device, rows):
-    """ResNet-50 bare steps vs imagenet/train.py --dummy (issue: >= 6,500 img/s bf16+cl+compile on 1 GPU)."""
+    """ResNet-50 bare steps vs imagenet/train.py --dummy (the target: >= 6,500 img/s bf16+cl+compile on 1 GPU)."""
     import torchvision
 
     b, size, iters = (args.rn50_batch, 224, args.iters) if not args.tiny else (4, 64, 2)
@@ -170,7 +170,7 @@ def cifar_bare_epoch(args, device, n: int) -> float:
 
 
 def bench_cifar(args, device, rows):
-    """CIFAR ResNet-18: bare loop epoch vs cifar_resnet/train.py --gpu-data epoch (issue: <= 1.0 s/epoch)."""
+    """CIFAR ResNet-18: bare loop epoch vs cifar_resnet/train.py --gpu-data epoch (the target: <= 1.0 s/epoch)."""
     n = 45000 if not args.tiny else 64
     epoch_s = cifar_bare_epoch(args, device, n)
     what = "bare step ResNet-18, bf16+cl+compile, resident data"
@@ -217,7 +217,7 @@ def make_jpeg_folder(cifar_dir: str, root: Path, n_train: int, n_val: int, size=
 
 
 def bench_jpeg(args, device, rows):
-    """ResNet-50 on real JPEG files (issue: >= 4,500 img/s per GPU): the Pillow DataLoader path vs --gpu-decode
+    """ResNet-50 on real JPEG files (the target: >= 4,500 img/s per GPU): the Pillow DataLoader path vs --gpu-decode
     on the same ImageFolder of CIFAR images upscaled to 500x375 and re-encoded at quality 90."""
     if not args.cifar_dir and not args.tiny:
         raise RuntimeError("--only jpeg needs --cifar-dir (the CIFAR JPEG ImageFolder to upscale)")
@@ -439,8 +439,7 @@ def environment(device: torch.device) -> dict:
 
 class Results(list):
     """The rows measured so far. Every append rewrites results.json and results.md, so a run stopped by a time
-    limit still leaves each finished measurement on disk (a third-session device call lost 8 minutes of
-    transformer runs because the file was written only at the end of the part)."""
+    limit still leaves each finished measurement on disk."""
 
     def __init__(self, out: Path, env: dict):
         super().__init__()

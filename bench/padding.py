@@ -6,8 +6,7 @@ The budget counts sentences x the longest (source or target) sentence of the bat
 on batch x longest source and the decoder on batch x longest target. For each budget this prints, for the
 sampler's order (sorted by target, then source length) and for one sorted by the longer side first, the
 batches per epoch, the real share of the padded source and target positions, and the real target tokens per
-batch, which is what tokens/s and MFU count. The sampler's order was (target, source) until the third session;
-this report is why it is now the longer side first.
+batch, which is what tokens/s and MFU count. This report is why the sampler sorts by the longer side first.
 """
 
 from __future__ import annotations

@@ -107,7 +107,6 @@ class Figures(dict):
 # Hardware of the runs, in the words every table uses.
 H200 = "1× H200, 16 CPU cores, torch 2.11, CUDA 13.0"
 H100 = "H100 80GB HBM3 (a 4-GPU host, 64 CPU cores), torch 2.11, CUDA 13.0"
-BASE = "base preset, 48.2M parameters, bf16, 65,536 tokens per GPU per step"
 PROFILE = "bare step base, 65536 tokens as 2730x24, bf16"
 R50_SCRIPT = "imagenet/train.py --dummy, fp32 (TF32 convs, eager)"
 TR_SCRIPT = "transformer/train.py base, 65536 tok/GPU, 1 GPU(s), bf16, compile"

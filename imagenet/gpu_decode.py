@@ -1,4 +1,4 @@
-"""GPU JPEG data path for ImageFolder training (issue 7, ``--gpu-decode``).
+"""GPU JPEG data path for ImageFolder training (``--gpu-decode``).
 
 Pillow decodes about 150-300 images/s per CPU core, so 16 cores feed a GPU less than it trains. Here the
 DataLoader workers only read files and draw each sample's random crop; decoding (nvJPEG, through

@@ -351,7 +351,7 @@ class TokenBudgetBatchSampler(Sampler):
          max_tokens tokens the ranks still do similar work. Rank r takes batches r*accum ... r*accum+accum-1.
          With balance=True a step's batches are instead neighbours in row count: at one token budget, a batch of
          many short sentences takes longer than one of few long ones, and DDP waits for the slowest rank
-         (BENCHMARKS.md §9: 4 GPUs compiled, 93.6% -> 96.5% per GPU); each step then holds fewer lengths.
+         (BENCHMARKS.md, "Why --balance-steps"); each step then holds fewer lengths.
     The batch count is the same every epoch (the sorted lengths are). `set_epoch(e, skip=k)` skips
     this rank's first k batches, to resume mid-epoch; `set_epoch(e, until=n)` then deals the epochs after e
     too, up to n: one DataLoader iterator then serves the whole run, so its workers never restart at an

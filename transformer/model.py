@@ -48,7 +48,7 @@ def allow_cudnn_attention(allow: bool) -> None:
     kernels remain). PyTorch picks cuDNN first on H100, but every new input shape costs cuDNN time (a new
     execution plan, we infer), and token-budget batches and step-by-step decoding bring new shapes all the
     time: on one H100, eager `base` training on many batch shapes ran at 158k target tokens/s with it and
-    384k without (BENCHMARKS.md §8). Off by default in train.py and translate.py."""
+    384k without (BENCHMARKS.md, "Why cuDNN attention is off"). Off by default in train.py and translate.py."""
     torch.backends.cuda.enable_cudnn_sdp(allow)
 
 

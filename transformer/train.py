@@ -293,7 +293,7 @@ def main(args: argparse.Namespace) -> None:
 
     if args.compile:
         # Compile each layer, not the whole model: the 6 encoder layers share one compiled graph and the 6 decoder
-        # layers another, which compiles several times faster (BENCHMARKS.md §9), and DDP needs no graph splitting.
+        # layers another, which compiles several times faster (BENCHMARKS.md), and DDP needs no graph splitting.
         # dynamic=True: batch shapes change with every length bucket; compile once for all of them.
         for layer in (*model_without_ddp.encoder, *model_without_ddp.decoder):
             layer.compile(dynamic=True)
@@ -411,7 +411,8 @@ def main(args: argparse.Namespace) -> None:
     stopped = False
     loss_sum, tok_done, t0 = torch.zeros((), device=device), 0, time.time()
     # One DataLoader iterator for the whole run: the sampler deals epoch after epoch, so the workers never restart
-    # at an epoch boundary (on 4 GPUs the restart and the epoch plan cost each rank about 0.1 s: BENCHMARKS.md §9).
+    # at an epoch boundary (on 4 GPUs the restart and the epoch plan cost each rank about 0.1 s:
+    # docs/runs/tr_base_m8_trace_eager_restart_4xh100.txt).
     sampler.set_epoch(epoch, skip=batch_in_epoch, until=args.epochs)
     batches = iter(train_loader)
     while epoch < args.epochs and step < max_steps and not stopped:

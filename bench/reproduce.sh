@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Reproduce the measurements in BENCHMARKS.md on N GPUs of one host. Run from the repository root:
+#
+#   bash bench/reproduce.sh WORKLOAD [--gpus N] [--out DIR]
+#
+#   rn50         ResNet-50 --dummy: bare step against the script (fp32), weak scaling eager and compiled
+#   jpeg         ResNet-50 on real JPEGs: Pillow DataLoader against --gpu-decode (1 GPU)
+#   cifar        CIFAR-10 ResNet-18: the 80-epoch recipe (3 seeds) on 1..N GPUs, then each data path for 20 epochs
+#   transformer  transformer base on 1 GPU: the script, the bare step and the tutorial-style baseline loop
+#   scaling      transformer base weak scaling on Multi30k x 8: eager, --compile, --compile --balance-steps
+#   bleu         Multi30k de->en and en->de (small preset, 1 GPU); de->en with and without --balance-steps (2 GPUs)
+#   restart      elastic restart after SIGKILL, and the checkpoint's size and save time (bench/kill_restart.py)
+#   nccl         all_reduce bus bandwidth (common.doctor)
+#
+# --gpus N (default: every visible GPU) runs the multi-GPU parts on 1, 2, 4, ... up to N GPUs. Data: the CIFAR-10
+# JPEGs as $CIFAR_TAR (default .data/train.tar.xz), Multi30k as $MULTI30K (default .data/multi30k: train.de.gz,
+# train.en.gz, val.de.gz, val.en.gz). Console output and every metrics.jsonl / results.json land in --out (default
+# runs/reproduce), named like the logs in docs/runs; `python bench/report.py` turns those into the tables.
+set -euo pipefail
+
+usage() {
+  sed -n '2,19s/^# \{0,1\}//p' "$0" >&2
+  exit 2
+}
+[ $# -ge 1 ] || usage
+workload=$1
+shift
+case $workload in rn50 | jpeg | cifar | transformer | scaling | bleu | restart | nccl) ;; *) usage ;; esac
+gpus=$({ nvidia-smi -L 2>/dev/null || true; } | wc -l)
+out=runs/reproduce
+while [ $# -gt 0 ]; do
+  case $1 in
+  --gpus)
+    gpus=${2:?--gpus needs a number}
+    shift 2
+    ;;
+  --out)
+    out=${2:?--out needs a directory}
+    shift 2
+    ;;
+  *) usage ;;
+  esac
+done
+[[ $gpus =~ ^[1-9][0-9]*$ ]] || {
+  echo "error: --gpus needs a GPU count of 1 or more, and none was found (pass --gpus N on a GPU host)" >&2
+  exit 2
+}
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+CIFAR_TAR=${CIFAR_TAR:-.data/train.tar.xz}
+MULTI30K=${MULTI30K:-.data/multi30k}
+mkdir -p "$out"
+counts=() # 1 2 4 ... N
+for ((n = 1; n < gpus; n *= 2)); do counts+=("$n"); done
+counts+=("$gpus")
+
+launch() { # launch N SCRIPT ARGS...: plain python on one GPU, torchrun on several
+  local n=$1
+  shift
+  if [ "$n" -eq 1 ]; then python3 "$@"; else torchrun --standalone --nproc_per_node="$n" "$@"; fi
+}
+keep() { # keep RUN_DIR NAME: the run's metrics as $out/NAME.jsonl
+  cp "$1/metrics.jsonl" "$out/$2.jsonl"
+}
+cifar_data() { # the 50,000 CIFAR-10 training JPEGs in /tmp/c/train/<class>/
+  [ -d /tmp/c/train ] || { mkdir -p /tmp/c && tar -xJf "$CIFAR_TAR" -C /tmp/c; }
+}
+m8_data() { # Multi30k x 8 in /tmp/m8 (232,000 pairs), so that an epoch holds enough steps to time
+  [ -f /tmp/m8/train.en ] && return
+  mkdir -p /tmp/m8
+  for l in de en; do
+    for _ in 1 2 3 4 5 6 7 8; do zcat "$MULTI30K/train.$l.gz"; done >"/tmp/m8/train.$l"
+    cp "$MULTI30K/val.$l.gz" /tmp/m8/
+  done
+}
+
+case $workload in
+rn50)
+  python3 bench/benchmark.py --only resnet50 --rn50-configs fp32 --iters 30 --script-steps 60 --out "$out/rn50_fp32"
+  R=(imagenet/train.py --dummy -a resnet50 -b 256 --max-steps 60 -p 10 --resume none --amp bf16 --channels-last)
+  for n in "${counts[@]}"; do
+    launch "$n" "${R[@]}" --output-dir "/tmp/rn50_e$n" && keep "/tmp/rn50_e$n" "rn50_bf16_cl_eager_${n}x"
+    launch "$n" "${R[@]}" --compile --output-dir "/tmp/rn50_c$n" && keep "/tmp/rn50_c$n" "rn50_bf16_cl_compile_${n}x"
+  done
+  ;;
+jpeg)
+  cifar_data
+  python3 bench/benchmark.py --only jpeg --cifar-dir /tmp/c --out "$out/jpeg"
+  ;;
+cifar)
+  cifar_data
+  C=(cifar_resnet/train.py --data-dir /tmp/c --val-split 5000 --compile --lr 0.4 -j 16 --tta -p 1000)
+  for n in "${counts[@]}"; do # the global batch stays 512
+    for s in 0 1 2; do
+      launch "$n" "${C[@]}" --gpu-data -b $((512 / n)) --epochs 80 --eval-every 10 --seed "$s" \
+        --output-dir "/tmp/c80_${n}_$s" && keep "/tmp/c80_${n}_$s" "cifar_r18_e80_seed${s}_${n}x"
+    done
+  done
+  python3 "${C[@]}" --gpu-data -b 512 --epochs 20 --eval-every 5 --seed 0 --output-dir /tmp/c20_gpu &&
+    keep /tmp/c20_gpu cifar_r18_e20_gpudata_1x
+  python3 "${C[@]}" -b 512 --epochs 20 --eval-every 5 --seed 0 --output-dir /tmp/c20_loader &&
+    keep /tmp/c20_loader cifar_r18_e20_dataloader_1x
+  ;;
+transformer)
+  python3 bench/benchmark.py --only transformer --multi30k "$MULTI30K" --tr-nprocs 1 --tr-steps 40 \
+    --tr-configs base:65536:compile,base:65536:bare:lossc,base:65536:bare:regional --out "$out/tr_base_1x"
+  python3 bench/benchmark.py --only transformer --multi30k "$MULTI30K" --tr-nprocs 1 --tr-steps 40 \
+    --tr-configs base:65536:bare:lossc,base:65536:bare:lossc:cudnn,base:65536:bare:lossc:cudnn:profile --out "$out/tr_base_bare_attention_1x"
+  ;;
+scaling)
+  m8_data
+  M8=(transformer/train.py --data /tmp/m8 --lang-src de --lang-tgt en --preset base --max-tokens 65536 --max-steps 70
+    -p 10 --eval-every 0 -j 4 --vocab-size 8000 --resume none)
+  for n in "${counts[@]}"; do
+    launch "$n" "${M8[@]}" --output-dir "/tmp/m8e_$n" && keep "/tmp/m8e_$n" "tr_base_m8_eager_${n}x"
+    launch "$n" "${M8[@]}" --compile --output-dir "/tmp/m8c_$n" && keep "/tmp/m8c_$n" "tr_base_m8_compile_${n}x"
+    if [ "$n" -gt 1 ]; then
+      launch "$n" "${M8[@]}" --compile --balance-steps --output-dir "/tmp/m8b_$n" &&
+        keep "/tmp/m8b_$n" "tr_base_m8_compile_balance_${n}x"
+    fi
+  done
+  launch 1 "${M8[@]}" --max-steps 40 --cudnn-attention --output-dir /tmp/m8_cudnn &&
+    keep /tmp/m8_cudnn tr_base_m8_eager_cudnn_1x
+  ;;
+bleu)
+  B=(transformer/train.py --data "$MULTI30K" --preset small --max-tokens 8192 --lr 1e-3 --warmup-steps 1000
+    --eval-every 5 -p 100 --samples 0)
+  python3 "${B[@]}" --lang-src de --lang-tgt en --epochs 60 --output-dir /tmp/deen && keep /tmp/deen tr_small_deen_bleu_1x
+  python3 "${B[@]}" --lang-src en --lang-tgt de --epochs 40 --output-dir /tmp/ende && keep /tmp/ende tr_small_ende_bleu_1x
+  if [ "$gpus" -ge 2 ]; then
+    launch 2 "${B[@]}" --lang-src de --lang-tgt en --epochs 60 --output-dir /tmp/deen2 && keep /tmp/deen2 tr_small_deen_bleu_2x
+    launch 2 "${B[@]}" --lang-src de --lang-tgt en --epochs 60 --balance-steps --output-dir /tmp/deen2b &&
+      keep /tmp/deen2b tr_small_deen_bleu_balance_steps_2x
+  fi
+  ;;
+restart)
+  python3 bench/kill_restart.py --nproc "$gpus" --out /tmp/kill_restart
+  ;;
+nccl)
+  for n in "${counts[@]}"; do
+    if [ "$n" -gt 1 ]; then torchrun --standalone --nproc_per_node="$n" -m common.doctor --size-mb 256 --iters 20; fi
+  done
+  ;;
+esac 2>&1 | tee -a "$out/console_$workload.log"
