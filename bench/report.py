@@ -11,10 +11,11 @@ the markers is written by hand and holds no figure.
 Adding a figure (say a new log docs/runs/tr_base_packed_1xh100.jsonl):
 1. commit the log under docs/runs, named workload_configuration_hardware (``tr_base_packed_1xh100.jsonl``);
 2. add one line to FIGURES: ``"tr_packed_1": lambda f: median("tr_base_packed_1xh100.jsonl", "tok_per_s"),``
-   using a reader below (median, val, best, last_val, row, grab, since_start), or other figures through ``f``
-   (``lambda f: f["tr_packed_1"] / f["tr_c1"]``);
-3. put ``{tr_packed_1:,.0f}`` and the log's link into a block's template (a new table row, or a new block: add
-   it to BLOCKS and put its two markers where it belongs in README.md or BENCHMARKS.md);
+   with a reader below (median, val, last_val, best, row, grab, since_start), or from other figures through ``f``
+   (``lambda f: eff(f, "tr_packed_4", "tr_packed_1", 4)``); ``per()`` makes one figure per seed or GPU count;
+3. put ``{tr_packed_1:,.0f}`` and ``[[tr_base_packed_1xh100.jsonl]]`` (a link to the log) into a template in
+   BLOCKS: a new table row, or a new block, whose two markers you then put where it belongs in README.md or
+   BENCHMARKS.md. Templates can also name the constants (``{H100}``, ``{BLEU_CMD}``) and link ``[text](@LOG)``;
 4. run ``python bench/report.py --write`` and commit the log, this file and the regenerated docs together.
 """
 
@@ -53,7 +54,7 @@ def median(log: str, key: str, skip: int = 2, drop: tuple[int, ...] = ()) -> flo
 
 def val(log: str, key: str, epoch: int) -> float:
     """An evaluation's metric at one epoch."""
-    return next(r[key] for r in records(log, "val") if r["epoch"] == epoch)
+    return found(log, f"evaluation at epoch {epoch}", [r[key] for r in records(log, "val") if r["epoch"] == epoch])
 
 
 def last_val(log: str, key: str) -> float:
@@ -66,15 +67,18 @@ def best(log: str, key: str) -> float:
 
 def row(log: str, what: str, key: str) -> float:
     """A value of the results.json row (bench/benchmark.py) whose description is exactly ``what``."""
-    return next(r[key] for r in json.loads(text(log))["rows"] if r["what"] == what)
+    return found(log, f"row {what!r}", [r[key] for r in json.loads(text(log))["rows"] if r["what"] == what])
+
+
+def found(log: str, what: str, values: list):
+    if not values:
+        raise LookupError(f"{log} has no {what}")
+    return values[0]
 
 
 def grab(log: str, pattern: str) -> float:
     """The first group of a regular expression in a console log (thousands commas allowed)."""
-    m = re.search(pattern, text(log))
-    if m is None:
-        raise LookupError(f"{log}: no match for {pattern!r}")
-    return float(m.group(1).replace(",", ""))
+    return float(found(log, f"match for {pattern!r}", re.findall(pattern, text(log))).replace(",", ""))
 
 
 def since_start(log: str, tag: str) -> float:
@@ -209,6 +213,7 @@ FIGURES = {
     ),
     "prof_wall": lambda f: grab("tr_base_bare_profile_1xh100.txt", r"^wall ([\d.]+) ms/step"),
     "prof_attn": lambda f: grab("tr_base_bare_profile_1xh100.txt", r"attention \(SDPA\): ([\d.]+) ms"),
+    "prof_mm_peak": lambda f: 100 * 6 * 48.2e6 * 2730 * 24 / (f["prof_mm"] / 1e3) / 989e12,  # 6 x params x tokens
     "prof_mm": lambda f: grab("tr_base_bare_profile_1xh100.txt", r"matmul: ([\d.]+) ms"),
     "prof_ew": lambda f: grab("tr_base_bare_profile_1xh100.txt", r"fused elementwise/norm \(Triton\): ([\d.]+) ms"),
     # Multi30k BLEU (small preset, greedy, 1,014 validation sentences)
@@ -295,7 +300,7 @@ table above, another run). The upscaled files are smoother than ImageNet's (~110
 lighter; the pixel count per image (187,500) is above ImageNet's average.
 """,
     "checkpoint": """\
-- Transformer `base` (580 MB: weights and AdamW state), 4× {H100}: rank 0 writes `last.pt` in
+- Transformer `base` (48.2M parameters; weights and AdamW's two moments, about 580 MB), 4× {H100}: rank 0 writes `last.pt` in
   {ckpt_tr_s:.2f} s at an epoch end while the other ranks wait
   ([[tr_base_m8_trace_eager_4xh100.txt]], from `bench/trace_boundary.py`).
 """,
@@ -341,9 +346,9 @@ only, attention left out.
 | bare step, 2,730 × 24 tokens, no padding, model and loss compiled whole | {tr_whole:,.0f} | {tr_whole_mfu:.1f}% | — |
 | bare step, each layer and the loss compiled apart (what `--compile` does) | {tr_layer:,.0f} | {tr_layer_mfu:.1f}% | — |
 
-**Why the MFU is low.** A `torch.profiler` trace of the bare step
-([[tr_base_bare_profile_1xh100.txt]]) gives, per {prof_wall:.1f} ms step:
-matmuls {prof_mm:.1f} ms (about 70% of the GPU's peak already), attention {prof_attn:.1f} ms on 24-token rows
+**Why the MFU is low.** A `torch.profiler` trace of the bare step, with cuDNN attention as PyTorch picks it
+([[tr_base_bare_profile_1xh100.txt]]), gives per {prof_wall:.1f} ms step:
+matmuls {prof_mm:.1f} ms ({prof_mm_peak:.0f}% of the GPU's peak already), attention {prof_attn:.1f} ms on 24-token rows
 (under 1% of peak; the kernels' tiles are mostly empty) and {prof_ew:.1f} ms of fused LayerNorm, dropout and
 residual work, which at width 512 is memory traffic of the same order as the matmuls.
 
@@ -454,7 +459,11 @@ def main() -> int:
     g.add_argument("--write", action="store_true", help="rewrite the generated blocks in README.md and BENCHMARKS.md")
     g.add_argument("--check", action="store_true", help="exit 1 if a generated block differs from the logs")
     args = p.parse_args()
-    blocks = render()
+    try:
+        blocks = render()
+    except (OSError, LookupError) as e:  # a log missing, renamed, or without the record a figure reads
+        print(f"error: {e} (docs/runs and FIGURES in bench/report.py disagree)", file=sys.stderr)
+        return 2
     if not (args.write or args.check):
         for name, md in blocks.items():
             print(f"<!-- report:{name} -->\n{md}")
