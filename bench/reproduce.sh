@@ -49,6 +49,7 @@ export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 CIFAR_TAR=${CIFAR_TAR:-.data/train.tar.xz}
 MULTI30K=${MULTI30K:-.data/multi30k}
 mkdir -p "$out"
+hw=$({ nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "- gpu"; } | head -1 | awk '{print tolower($2)}')
 counts=() # 1 2 4 ... N
 for ((n = 1; n < gpus; n *= 2)); do counts+=("$n"); done
 counts+=("$gpus")
@@ -58,8 +59,8 @@ launch() { # launch N SCRIPT ARGS...: plain python on one GPU, torchrun on sever
   shift
   if [ "$n" -eq 1 ]; then python3 "$@"; else torchrun --standalone --nproc_per_node="$n" "$@"; fi
 }
-keep() { # keep RUN_DIR NAME: the run's metrics as $out/NAME.jsonl
-  cp "$1/metrics.jsonl" "$out/$2.jsonl"
+keep() { # keep RUN_DIR NAME: the run's metrics as $out/NAME<gpu>.jsonl (NAME ends in the GPU count, "4x")
+  cp "$1/metrics.jsonl" "$out/$2$hw.jsonl"
 }
 cifar_data() { # the 50,000 CIFAR-10 training JPEGs in /tmp/c/train/<class>/
   [ -d /tmp/c/train ] || { mkdir -p /tmp/c && tar -xJf "$CIFAR_TAR" -C /tmp/c; }

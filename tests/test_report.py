@@ -44,6 +44,18 @@ def test_a_changed_log_fails_the_check(tmp_path):
     assert p.returncode == 1 and "block 'tr-scaling' differs" in p.stderr, p.stderr
 
 
+def slug(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_links_into_benchmarks_md_name_its_sections():
+    anchors = {slug(h) for h in re.findall(r"^#+ (.*)$", (REPO / "BENCHMARKS.md").read_text(), re.M)}
+    for doc in REPO.glob("*/README.md"):
+        for anchor in re.findall(r"BENCHMARKS\.md#([\w-]+)", doc.read_text()):
+            assert anchor in anchors, f"{doc.relative_to(REPO)} links to BENCHMARKS.md#{anchor}, not a section"
+
+
 def test_links_to_run_logs_exist_and_prose_holds_no_figure():
     for doc in ("README.md", "BENCHMARKS.md"):
         text = (REPO / doc).read_text()
