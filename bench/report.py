@@ -387,6 +387,8 @@ configuration ({tr_b1:,.0f} tok/s, [log](@tr_base_m8_compile_1xh100_run2.jsonl))
 | `--compile --balance-steps`, 4 GPUs | {tr_b4:,.0f} | {tr_b4_eff:.1f}% | [[tr_base_m8_trace_compile_balance_4xh100.txt]] |
 | `--compile --balance-steps`, 2 GPUs | {tr_b2:,.0f} | {tr_b2_eff:.1f}% | [[tr_base_m8_trace_compile_balance_2xh100.txt]] |
 
+Console output of these runs: [[console_tr_base_m8_compile_balance_4xh100.log]].
+
 It costs early quality: the de→en recipe on 2× {H100} (`torchrun --nproc_per_node=2 {BLEU_CMD}
 [--balance-steps]`) reached sacreBLEU {bleu_bal_10:.1f} at epoch 10 with it against {bleu_mix_10:.1f} without, and
 {bleu_bal_60:.2f} / {bleu_mix_60:.2f} at epoch 60 (best {bleu_bal_best:.2f} / {bleu_mix_best:.2f}; one seed each:
@@ -400,7 +402,8 @@ almost every step. Eager `base` on Multi30k × 8 (every shape new within 40 step
 target tokens/s with cuDNN against **{cudnn_off:,.0f}** without, {cudnn_x:.1f}× ([with](@tr_base_m8_eager_cudnn_1xh100.jsonl),
 [without](@tr_base_m8_eager_nocudnn_1xh100.jsonl)). On one fixed shape the kernels without cuDNN are also
 faster: {bare_flash:,.0f} against {bare_cudnn:,.0f} tok/s for the bare step
-([without](@tr_base_bare_attention_flash_1xh100.json), [with](@tr_base_bare_attention_cudnn_1xh100.json)).
+([without](@tr_base_bare_attention_flash_1xh100.json), [with](@tr_base_bare_attention_cudnn_1xh100.json); commands
+in [[console_tr_base_bare_attention_flash_1xh100.log]] and [[console_tr_base_bare_attention_cudnn_1xh100.log]]).
 """,
     "tr-bleu": """\
 sacreBLEU `nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0`, greedy decoding, detokenized and cased,
