@@ -430,8 +430,8 @@ MARK = re.compile(r"<!-- report:([\w-]+) -->\n(.*?)<!-- /report:\1 -->", re.S)
 
 def links(md: str) -> str:
     """``[[NAME]]`` and ``[text](@NAME)`` link to docs/runs/NAME, which must exist."""
-    for name in re.findall(r"\[\[([^\]]+)\]\]|\]\(@([^)]+)\)", md):
-        name = name[0] or name[1]
+    for wiki, inline in re.findall(r"\[\[([^\]]+)\]\]|\]\(@([^)]+)\)", md):
+        name = wiki or inline
         if not (RUNS / name).is_file():
             raise FileNotFoundError(f"docs/runs/{name} (linked from a block)")
     md = re.sub(r"\[\[([^\]]+)\]\]", r"[\1](docs/runs/\1)", md)
@@ -489,6 +489,8 @@ def main() -> int:
     if args.check and bad:
         print("\n".join(bad) + "\n(python bench/report.py --write regenerates them)", file=sys.stderr)
         return 1
+    if missing:  # --write: the blocks it could not place
+        print("\n".join(bad[-len(missing) :]), file=sys.stderr)
     return 0
 
 
