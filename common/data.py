@@ -114,12 +114,16 @@ def worker_context(num_workers: int) -> multiprocessing.context.BaseContext | No
     inherits a lock held by a thread that does not exist in it, and waits for it forever; the loader then waits for
     the worker, and the other ranks for this one. Python before 3.11.10 and 3.12 hangs this way inside ``os.fork()``
     whenever a C++ thread was creating its Python thread state (CPython gh-112275): 1 fork in about 1,000 on two
-    CPU ranks with a gloo all-reduce in flight. The fork server is a fresh single-threaded process that imported the
-    script once; it is started here, at once, so its imports overlap the model's construction.
+    CPU ranks with a gloo all-reduce in flight. The fork server is a fresh single-threaded process that imports torch
+    once; it is started here, at once, so its imports overlap the model's construction.
     """
     if num_workers <= 0 or "forkserver" not in multiprocessing.get_all_start_methods():
         return None  # no workers, or spawn (macOS, Windows): nothing is forked
+    import sys
     from multiprocessing import forkserver
 
+    # The server imports these once, not every worker again (Python's own preload of __main__ finds no main path).
+    heavy = ("torch", "torch.distributed", "torchvision", "PIL.Image", "numpy")
+    forkserver.set_forkserver_preload([m for m in heavy if m in sys.modules])
     forkserver.ensure_running()
     return multiprocessing.get_context("forkserver")
