@@ -25,7 +25,14 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # find common/ when run as a script
 from common.checkpoint import Position, resolve_resume, restore_training, save_checkpoint, set_schedule_position
-from common.data import ExactEvalSampler, ResumableDistributedSampler, SeededDataset, loader_generator, seed_worker
+from common.data import (
+    ExactEvalSampler,
+    ResumableDistributedSampler,
+    SeededDataset,
+    loader_generator,
+    seed_worker,
+    worker_context,
+)
 from common.distributed import (
     add_dist_args,
     all_reduce_sum,
@@ -145,7 +152,8 @@ class CIFARPickles(torch.utils.data.Dataset):
                 raise UserError(f"cannot read CIFAR-10 batch {folder / name}: {e}") from None
             data.append(entry["data"])
             self.targets += entry["labels"]
-        self.data = np.concatenate(data).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)  # NHWC uint8
+        # NHWC uint8, as a tensor: DataLoader workers then map it from shared memory instead of each copying it.
+        self.data = torch.from_numpy(np.concatenate(data).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).copy())
         self.transform = transform
 
     def __len__(self) -> int:
@@ -154,7 +162,7 @@ class CIFARPickles(torch.utils.data.Dataset):
     def __getitem__(self, i: int):
         from PIL import Image
 
-        img = Image.fromarray(self.data[i])
+        img = Image.fromarray(self.data[i].numpy())
         return (self.transform(img) if self.transform else img), self.targets[i]
 
 
@@ -214,7 +222,9 @@ def copy_with_transform(ds, transform):
 
 def to_uint8_tensors(ds, workers: int):
     """Decode a whole (small) dataset once into uint8 NHWC images and int64 labels."""
-    loader = torch.utils.data.DataLoader(ds, batch_size=500, num_workers=workers)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=500, num_workers=workers, multiprocessing_context=worker_context(workers)
+    )
     xs, ys = zip(*[(x, y) for x, y in loader])
     return torch.cat(xs).permute(0, 2, 3, 1).contiguous(), torch.cat(ys)
 
@@ -306,6 +316,7 @@ def main(args: argparse.Namespace) -> None:
         pin_memory=device.type == "cuda",
         worker_init_fn=seed_worker,
         persistent_workers=args.workers > 0,
+        multiprocessing_context=worker_context(args.workers),  # not forked from this process: see worker_context
         generator=loader_generator(args.seed, info.rank),
     )
     if not args.gpu_data:

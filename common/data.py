@@ -10,6 +10,7 @@ DataLoader workers, and after a resume.
 from __future__ import annotations
 
 import math
+import multiprocessing
 from collections.abc import Iterator
 from typing import Any
 
@@ -103,3 +104,26 @@ def seed_worker(worker_id: int) -> None:
 def loader_generator(seed: int, rank: int) -> torch.Generator:
     """Generator for a DataLoader so worker base seeds depend on (seed, rank) only."""
     return torch.Generator().manual_seed(mix_seed(seed, rank))
+
+
+def worker_context(num_workers: int) -> multiprocessing.context.BaseContext | None:
+    """DataLoader ``multiprocessing_context``: workers forked from a fork server, never from the training process.
+
+    By the time a loader starts its workers, a rank runs threads of its own (gloo's, NCCL's watchdog), and these
+    take the GIL now and then, e.g. to release a tensor after a collective. A worker forked at such an instant
+    inherits a lock held by a thread that does not exist in it, and waits for it forever; the loader then waits for
+    the worker, and the other ranks for this one. Python before 3.11.10 and 3.12 hangs this way inside ``os.fork()``
+    whenever a C++ thread was creating its Python thread state (CPython gh-112275): 1 fork in about 1,000 on two
+    CPU ranks with a gloo all-reduce in flight. The fork server is a fresh single-threaded process that imports torch
+    once; it is started here, at once, so its imports overlap the model's construction.
+    """
+    if num_workers <= 0 or "forkserver" not in multiprocessing.get_all_start_methods():
+        return None  # no workers, or spawn (macOS, Windows): nothing is forked
+    import sys
+    from multiprocessing import forkserver
+
+    # The server imports these once, not every worker again (Python's own preload of __main__ finds no main path).
+    heavy = ("torch", "torch.distributed", "torchvision", "PIL.Image", "numpy")
+    forkserver.set_forkserver_preload([m for m in heavy if m in sys.modules])
+    forkserver.ensure_running()
+    return multiprocessing.get_context("forkserver")

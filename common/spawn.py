@@ -24,10 +24,6 @@ from common.utils import PREEMPTED_EXIT_CODE
 
 
 def _worker(local_rank: int, main: Callable, args: Any, nprocs: int, node_rank: int, world: int, url: str, errors):
-    import multiprocessing
-
-    # DataLoader workers start as in a torchrun rank (fork on Linux), not with mp.spawn's slow "spawn".
-    multiprocessing.set_start_method(multiprocessing.get_all_start_methods()[0], force=True)
     if not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // nprocs))  # CPU ranks share the cores
     try:

@@ -39,7 +39,14 @@ from common.checkpoint import (
     save_checkpoint,
     set_schedule_position,
 )
-from common.data import ExactEvalSampler, ResumableDistributedSampler, SeededDataset, loader_generator, seed_worker
+from common.data import (
+    ExactEvalSampler,
+    ResumableDistributedSampler,
+    SeededDataset,
+    loader_generator,
+    seed_worker,
+    worker_context,
+)
 from common.distributed import (
     LaunchEnv,
     add_dist_args,
@@ -239,6 +246,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
         worker_init_fn=seed_worker,
         persistent_workers=args.workers > 0,
         prefetch_factor=2 if args.workers > 0 else None,  # batches in flight per worker
+        multiprocessing_context=worker_context(args.workers),  # not forked from this process: see worker_context
         generator=loader_generator(args.seed, info.rank),
         collate_fn=collate,
     )

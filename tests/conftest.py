@@ -34,9 +34,24 @@ def run(cmd: list[str], timeout: float = 300, env: dict | None = None, cwd: Path
     return p
 
 
+def run_parallel(cmds: list[list], env: dict | None = None, timeout: float = 240) -> list[subprocess.Popen]:
+    """Start all commands at once (they mostly wait on imports), wait for all; returns them with .out/.err."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+    pipe = subprocess.PIPE
+    procs = [subprocess.Popen(c, cwd=REPO, env=full_env, stdout=pipe, stderr=pipe, text=True) for c in cmds]
+    for p in procs:
+        p.out, p.err = p.communicate(timeout=timeout)
+    return procs
+
+
+def torchrun_cmd(nproc: int, *args) -> list[str]:
+    """The command line of `torchrun --standalone --nproc_per_node=N args...` (the real launcher)."""
+    return [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *map(str, args)]
+
+
 def torchrun(nproc: int, *args: str, **kw):
     """`torchrun --standalone --nproc_per_node=N args...` (the real launcher)."""
-    return run([PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *map(str, args)], **kw)
+    return run(torchrun_cmd(nproc, *args), **kw)
 
 
 def make_jpeg_imagefolder(root: Path, split_sizes: dict[str, int], classes: int = 3, size: int = 32, seed: int = 0):

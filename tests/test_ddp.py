@@ -4,14 +4,19 @@ import json
 
 import torch
 
-from tests.conftest import PY, REPO, run, torchrun
+from tests.conftest import PY, REPO, run, run_parallel, torchrun_cmd
+
+
+def run_all(cmds):
+    for p in run_parallel(cmds):
+        assert p.returncode == 0, p.err[-3000:]
 
 
 def test_ddp_two_procs_equal_one_proc_double_batch(tmp_path):
     script = REPO / "tests/helpers/ddp_equiv.py"
-    run([PY, script, "--batch-size", "8", "--out", tmp_path / "single.pt"])
-    torchrun(2, script, "--batch-size", "4", "--out", tmp_path / "ddp.pt")
-    torchrun(2, script, "--batch-size", "4", "--out", tmp_path / "noddp.pt", "--no-ddp")
+    run_all([[PY, script, "--batch-size", "8", "--out", tmp_path / "single.pt"],
+             torchrun_cmd(2, script, "--batch-size", "4", "--out", tmp_path / "ddp.pt"),
+             torchrun_cmd(2, script, "--batch-size", "4", "--out", tmp_path / "noddp.pt", "--no-ddp")])  # fmt: skip
     single, ddp, noddp = (torch.load(tmp_path / f"{n}.pt") for n in ("single", "ddp", "noddp"))
     init = torch.nn.Linear(10, 16)
     for k in single:
@@ -26,10 +31,11 @@ def test_exact_eval_identical_for_world_sizes_1_2_3(tmp_path, tiny_imagefolder):
     out = tmp_path / "train"
     common = ["--data-dir", tiny_imagefolder, "-b", "4", "-j", "0", "--epochs", "1", "--max-steps", "2", "--seed", "1"]
     run([PY, "cifar_resnet/train.py", *common, "--output-dir", out])
+    evaluate = ["cifar_resnet/train.py", *common, "-e", "--resume", out / "last.pt", "--output-dir"]
+    run_all([torchrun_cmd(n, *evaluate, tmp_path / f"eval{n}") for n in (1, 2, 3)])
     records = []
     for n in (1, 2, 3):
         d = tmp_path / f"eval{n}"
-        torchrun(n, "cifar_resnet/train.py", *common, "-e", "--resume", out / "last.pt", "--output-dir", d)
         rec = [json.loads(line) for line in open(d / "metrics.jsonl")]
         assert len(rec) == 1 and rec[0]["split"] == "test"
         cfg = json.loads((d / "config.json").read_text())

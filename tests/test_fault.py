@@ -12,7 +12,7 @@ import torch
 
 from tests.conftest import PY, REPO, free_port, make_jpeg_imagefolder, run
 
-STEPS = 20  # 40 images / 2 ranks / batch 4 = 5 steps per epoch, 4 epochs
+STEPS = 10  # 40 images / 2 ranks / batch 4 = 5 steps per epoch, 2 epochs
 
 
 def train_cmd(data, out, *extra):
@@ -21,7 +21,7 @@ def train_cmd(data, out, *extra):
         "--data-dir",
         str(data),
         "--epochs",
-        "4",
+        "2",
         "-b",
         "4",
         "-j",
@@ -184,7 +184,7 @@ def test_dead_or_stuck_peer_never_hangs_the_survivor(data, tmp_path, sig):
 def other_script_cmd(name, tmp, out):
     if name == "imagenet":
         return ["imagenet/train.py", "--dummy", "--dummy-sizes", "40", "7", "-a", "resnet18", "-b", "4", "-j", "0",
-                "--train-crop-size", "32", "--val-crop-size", "32", "--val-resize-size", "36", "--epochs", "4",
+                "--train-crop-size", "32", "--val-crop-size", "32", "--val-resize-size", "36", "--epochs", "2",
                 "--save-every-steps", "2", "-p", "1", "--seed", "5", "--output-dir", str(out)]  # fmt: skip
     import gzip
 
@@ -198,17 +198,31 @@ def other_script_cmd(name, tmp, out):
                 (data / f"{split}.de.gz").write_bytes(gzip.compress(("\n".join(de) + "\n").encode()))
                 (data / f"{split}.en").write_text("\n".join(en) + "\n")
     return ["transformer/train.py", "--data", str(data), "--lang-src", "de", "--lang-tgt", "en", "--preset", "tiny",
-            "--dropout", "0.1", "--vocab-size", "200", "--max-tokens", "256", "--epochs", "30", "--max-steps", "40",
+            "--dropout", "0.1", "--vocab-size", "200", "--max-tokens", "256", "--epochs", "30", "--max-steps", "16",
             "--eval-every", "100", "-j", "0", "-p", "1", "--save-every-steps", "4",
             "--output-dir", str(out)]  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def other_reference(tmp_path_factory):
+    """name -> the uninterrupted run of that script, made once for both its restart and its preemption test."""
+    refs = {}
+
+    def get(name):
+        if name not in refs:
+            tmp = tmp_path_factory.mktemp(f"ref_{name}")
+            run(torchrun_cmd(*other_script_cmd(name, tmp, tmp / "ref")))
+            refs[name] = torch.load(tmp / "ref/last.pt", weights_only=True)
+        return refs[name]
+
+    return get
+
+
 @pytest.mark.parametrize("name", ["imagenet", "transformer"])
-def test_elastic_restart_other_scripts(name, tmp_path):
+def test_elastic_restart_other_scripts(name, other_reference, tmp_path):
     """imagenet/ and transformer/: SIGKILL a worker under torchrun --max-restarts=1 after the first
     checkpoint; the job finishes and matches an uninterrupted run bit for bit (dropout included)."""
-    run(torchrun_cmd(*other_script_cmd(name, tmp_path, tmp_path / "ref")))
-    ref = torch.load(tmp_path / "ref/last.pt", weights_only=True)
+    ref = other_reference(name)
     out = tmp_path / "killed"
     proc = popen(torchrun_cmd(*other_script_cmd(name, tmp_path, out), restarts=1))
     wait_for_step(out, 4, proc)
@@ -222,11 +236,10 @@ def test_elastic_restart_other_scripts(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["imagenet", "transformer"])
-def test_preemption_other_scripts(name, tmp_path):
+def test_preemption_other_scripts(name, other_reference, tmp_path):
     """SIGTERM to one worker: every rank stops at the same step, rank 0 saves, exit 75; the same command
     then finishes bit-identical to an uninterrupted run."""
-    run(torchrun_cmd(*other_script_cmd(name, tmp_path, tmp_path / "ref")))
-    ref = torch.load(tmp_path / "ref/last.pt", weights_only=True)
+    ref = other_reference(name)
     out = tmp_path / "stopped"
     proc = popen(torchrun_cmd(*other_script_cmd(name, tmp_path, out)))
     wait_for_step(out, 4, proc)

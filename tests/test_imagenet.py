@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PY, REPO, free_port, make_jpeg_imagefolder, run, torchrun
+from conftest import PY, REPO, free_port, make_jpeg_imagefolder, run, run_parallel, torchrun
 
 SCRIPT = str(REPO / "imagenet" / "train.py")
 N_TRAIN, N_VAL = 37, 25
@@ -36,24 +36,6 @@ def records(out: Path, split: str) -> list[dict]:
 
 def ckpt(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def run_parallel(cmds: list[list[str]], env: dict | None = None, timeout: float = 240) -> list[subprocess.Popen]:
-    """Start all commands at once (they mostly wait on imports), wait for all; returns them with .out/.err."""
-    procs = [
-        subprocess.Popen(
-            c,
-            cwd=REPO,
-            env={**os.environ, **ENV, **(env or {})},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for c in cmds
-    ]
-    for p in procs:
-        p.out, p.err = p.communicate(timeout=timeout)
-    return procs
 
 
 @pytest.fixture(scope="module")

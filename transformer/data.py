@@ -296,6 +296,14 @@ class ParallelDataset(Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.src[i], self.tgt[i]
 
+    def __getstate__(self) -> dict:
+        # To a DataLoader worker as four tensors in shared memory, not one shared-memory file per sentence.
+        return {k: (torch.cat(v), torch.tensor([len(t) for t in v])) for k, v in vars(self).items()}
+
+    def __setstate__(self, state: dict) -> None:
+        for k, (flat, lengths) in state.items():
+            setattr(self, k, list(flat.split(lengths.tolist())))
+
 
 def pad_batch(seqs: list[list[int]]) -> torch.Tensor:
     """(B, max len) int64, right-padded with <pad>."""
