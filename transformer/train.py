@@ -43,6 +43,7 @@ from common.distributed import (
 from common.errors import UserError, run_cli
 from common.metrics import MetricsLogger, Progress, prepare_output_dir
 from common.utils import StopSignal, amp_dtype, autocast, count_params, param_groups
+from common.watchdog import CHECKPOINT, EVAL_STEP, Watchdog
 from transformer.data import (
     PAD,
     ParallelDataset,
@@ -338,6 +339,7 @@ def main(args: argparse.Namespace) -> None:
     def save(name: str, keep_last: int = 0) -> float:
         """Returns the seconds it took, which the throughput leaves out (as it does evaluation)."""
         t = time.time()
+        watchdog.beat(CHECKPOINT)
         if info.is_main:  # [DDP 4] only rank 0 writes, atomically
             save_checkpoint(
                 {
@@ -386,8 +388,10 @@ def main(args: argparse.Namespace) -> None:
     max_steps = min(total_steps, args.max_steps or total_steps)
     progress = Progress(info, max_steps, step, unit="tok")
     stop = StopSignal()
+    watchdog = Watchdog(args.stall_timeout, info.rank)  # a stall becomes stacks and an exit
 
     def run_eval(split: str) -> dict:
+        watchdog.beat(EVAL_STEP)
         m = evaluate(model_without_ddp, eval_sets[split], tok, args, info, dtype)
         logger.log(
             {"split": split, "epoch": epoch, "step": step, "loss": m["loss"], "bleu": m["bleu"], "count": m["count"]}
@@ -414,7 +418,7 @@ def main(args: argparse.Namespace) -> None:
     # at an epoch boundary (on 4 GPUs the restart and the epoch plan cost each rank about 0.1 s:
     # docs/runs/tr_base_m8_trace_eager_restart_4xh100.txt).
     sampler.set_epoch(epoch, skip=batch_in_epoch, until=args.epochs)
-    batches = iter(train_loader)
+    batches = watchdog.batches(train_loader)
     while epoch < args.epochs and step < max_steps and not stopped:
         model.train()
         step_tokens = sampler.step_tokens(epoch)  # target tokens of each optimizer step, all ranks together
@@ -477,6 +481,7 @@ def main(args: argparse.Namespace) -> None:
         stop.exit_preempted(step, logger)
     if "test" in eval_sets and args.eval_every > 0:
         run_eval("test")
+    watchdog.stop()
     print0(f"done: step {step}, best val BLEU {best:.2f}, wall {time.time() - T_START:.1f}s since start")
     logger.close()
 
