@@ -52,6 +52,7 @@ from transformer.data import (
     decode,
     encode,
     load_corpus,
+    one_line,
     shared_tokenizer,
     token_batches,
     tokenizers_done_forking,
@@ -178,9 +179,9 @@ def evaluate(model, data, tok, args, info, dtype) -> dict:
     result = None
     if info.is_main:  # detokenized, cased corpus BLEU against the original reference text
         by_index = dict(pair for part in gathered for pair in part)
-        hyps = [by_index[i] for i in range(len(refs))]
+        hyps = [one_line(by_index[i]) for i in range(len(refs))]  # as translate.py writes them
         bleu = BLEU()
-        score = bleu.corpus_score(hyps, [refs]).score
+        score = bleu.corpus_score(hyps, [[one_line(r) for r in refs]]).score
         samples = [(src_text[i], refs[i], hyps[i]) for i in range(min(args.samples, len(refs)))]
         result = {"bleu": score, "bleu_signature": str(bleu.get_signature()), "samples": samples}
     result = broadcast_object(result)
