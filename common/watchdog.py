@@ -15,6 +15,7 @@ sync, no collective, no lock.
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import multiprocessing
 import os
@@ -49,6 +50,7 @@ class Watchdog:
         self._stopped = threading.Event()
         if timeout > 0:
             threading.Thread(target=self._watch, name="stall-watchdog", daemon=True).start()
+            atexit.register(self.stop)  # also on an exception or sys.exit: no armed fallback during shutdown
 
     def beat(self, what: str) -> None:
         """Progress: from now on this rank is busy with ``what`` (a phrase for the error message)."""
@@ -82,7 +84,8 @@ class Watchdog:
                 self._fire(idle, what)
             # A fallback in C for a main thread stuck in C code that holds the GIL, where this thread cannot run:
             # re-armed at every poll, it fires only if this thread missed polls for a whole timeout.
-            faulthandler.dump_traceback_later(self.timeout + poll, exit=True, file=2)
+            if not self._stopped.is_set():
+                faulthandler.dump_traceback_later(self.timeout + poll, exit=True, file=2)
 
     def _fire(self, idle: float, what: str) -> None:
         """Stacks, then the one-line error, then exit. os._exit works where raising in the main thread would
@@ -100,9 +103,9 @@ class Watchdog:
         # No destroy_process_group(): it may block on the very collective that stalled. Our sockets close with
         # the process, so peers fail fast (gloo) or time out (NCCL, --dist-timeout), or torchrun stops them.
         _write(
-            f"error: rank {self.rank} stalled: no progress for {idle:.0f}s {what} (stacks above; exit code "
-            f"{STALL_EXIT_CODE} lets torchrun --max-restarts or Slurm restart the job; if this phase is legitimately "
-            f"this slow, raise --stall-timeout {self.timeout:g}, or set 0 to turn the watchdog off)\n"
+            f"error: rank {self.rank} stalled: no progress for {idle:.0f}s {what} (every thread's stack is above; "
+            f"exit code {STALL_EXIT_CODE} lets torchrun --max-restarts or Slurm restart the job; a healthy phase "
+            f"this slow needs a larger --stall-timeout than {self.timeout:g}, 0 turns the watchdog off)\n"
         )
         os._exit(STALL_EXIT_CODE)
 

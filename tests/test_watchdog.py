@@ -3,6 +3,7 @@ rank ends the run with every thread's stack and one error line; a healthy run wi
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -85,7 +86,9 @@ def assert_stalled(log, rank, what):
     assert "Current thread" in log or "Thread 0x" in log, log[-3000:]  # faulthandler's stack dump
     assert 'File "' in log and "imagenet/train.py" in log
     error = [line for line in log.splitlines() if line.startswith(f"error: rank {rank} stalled: no progress for")]
-    assert len(error) == 1 and what in error[0] and "--stall-timeout 2" in error[0], log[-3000:]
+    assert len(error) == 1 and what in error[0] and "a larger --stall-timeout than 2," in error[0], log[-3000:]
+    idle = int(re.search(r"no progress for (\d+)s", error[0]).group(1))
+    assert 2 <= idle <= 2 + 3, error[0]  # fired at the timeout (give or take a poll on a busy machine)
     assert STALL_EXIT in log, log[-3000:]
 
 
@@ -98,10 +101,8 @@ def test_frozen_dataloader_worker_ends_the_run(data, tmp_path):
         rank1 = rank_process(proc.pid, 1)
         (worker,) = children(rank1)
         os.kill(worker, signal.SIGSTOP)
-        t0 = time.time()
-        log, _ = proc.communicate(timeout=30)
+        log, _ = proc.communicate(timeout=60)  # a worker left behind would hold the pipe open: a timeout
         assert proc.returncode != 0
-        assert time.time() - t0 < 2 + 8, "the watchdog took too long"
         assert_stalled(log, 1, "waiting for the next training batch from the data loader")
         assert worker not in processes(), "the frozen DataLoader worker outlived its rank"
     finally:
@@ -122,9 +123,9 @@ def test_frozen_rank_ends_the_peer_waiting_in_the_all_reduce(data, tmp_path):
         rank1 = rank_process(proc.pid, 1)
         os.kill(rank1, signal.SIGSTOP)
         t0 = time.time()
-        while rank_process_alive(proc.pid, 0) and time.time() - t0 < 30:
+        while rank_process_alive(proc.pid, 0) and time.time() - t0 < 40:
             time.sleep(0.1)
-        assert time.time() - t0 < 2 + 8, "the watchdog took too long"
+        assert time.time() - t0 < 30, "rank 0 did not end"
         os.kill(rank1, signal.SIGCONT)  # or torchrun would wait 30 s before it SIGKILLs the stopped rank
         log, _ = proc.communicate(timeout=60)
         assert proc.returncode != 0
@@ -138,8 +139,8 @@ def test_frozen_rank_ends_the_peer_waiting_in_the_all_reduce(data, tmp_path):
 
 
 def test_healthy_run_with_slow_steps_never_fires(data, tmp_path):
-    """--stall-timeout 1 on a run of many times that length whose steps are slow (a data loader with two
-    workers, an evaluation and checkpoints included): it finishes normally."""
+    """--stall-timeout 1 on a run many times that long: steps of 0.1-0.7 s on 2 cores (the first one starts the
+    DataLoader worker), two evaluations, a checkpoint every 2 steps. It finishes normally."""
     p = run(torchrun_imagenet(data, tmp_path, "-j", "1", "--epochs", "2", "--save-every-steps", "2",
                               "--stall-timeout", "1"), timeout=120)  # fmt: skip
     assert "stalled" not in p.stdout + p.stderr
