@@ -48,7 +48,9 @@ class Watchdog:
         self.timeout, self.rank = timeout, rank
         self.state = (time.monotonic(), what)  # one tuple, replaced whole: the thread never sees half an update
         self._stopped = threading.Event()
+        self._poll = min(5.0, timeout / 4)
         if timeout > 0:
+            self._arm_fallback()
             threading.Thread(target=self._watch, name="stall-watchdog", daemon=True).start()
             atexit.register(self.stop)  # also on an exception or sys.exit: no armed fallback during shutdown
 
@@ -76,16 +78,18 @@ class Watchdog:
             faulthandler.cancel_dump_traceback_later()
 
     def _watch(self) -> None:
-        poll = min(5.0, self.timeout / 4)
-        while not self._stopped.wait(poll):
+        while not self._stopped.wait(self._poll):
             since, what = self.state
             idle = time.monotonic() - since
             if idle > self.timeout:
                 self._fire(idle, what)
-            # A fallback in C for a main thread stuck in C code that holds the GIL, where this thread cannot run:
-            # re-armed at every poll, it fires only if this thread missed polls for a whole timeout.
             if not self._stopped.is_set():
-                faulthandler.dump_traceback_later(self.timeout + poll, exit=True, file=2)
+                self._arm_fallback()
+
+    def _arm_fallback(self) -> None:
+        """A fallback in C for a main thread stuck in C code that holds the GIL, where the watchdog thread cannot
+        run: re-armed at every poll, it fires (stacks, then exit code 1) only after a whole timeout of missed polls."""
+        faulthandler.dump_traceback_later(self.timeout + self._poll, exit=True, file=2)
 
     def _fire(self, idle: float, what: str) -> None:
         """Stacks, then the one-line error, then exit. os._exit works where raising in the main thread would

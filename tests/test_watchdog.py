@@ -145,3 +145,14 @@ def test_healthy_run_with_slow_steps_never_fires(data, tmp_path):
                               "--stall-timeout", "1"), timeout=120)  # fmt: skip
     assert "stalled" not in p.stdout + p.stderr
     assert "done: step 10" in p.stdout and p.stdout.count(" val: ") == 2
+
+
+def test_main_thread_holding_the_gil_still_ends():
+    """A C call that never releases the GIL starves the watchdog thread; faulthandler's C timer still dumps the
+    stacks and exits (no torch: common/watchdog.py needs the standard library only)."""
+    code = ("import ctypes, sys; sys.path.insert(0, sys.argv[1]); from common.watchdog import Watchdog; "
+            "Watchdog(1.0); ctypes.PyDLL(None).sleep(60)")  # fmt: skip
+    t0 = time.time()
+    p = subprocess.run([PY, "-c", code, str(REPO)], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 1 and time.time() - t0 < 15, (p.returncode, p.stderr)
+    assert "Timeout (0:00:01.250000)!" in p.stderr and 'File "<string>", line 1 in <module>' in p.stderr, p.stderr
