@@ -28,9 +28,10 @@ from typing import TypeVar
 T = TypeVar("T")
 
 STALL_EXIT_CODE = 124  # as timeout(1): the command ran out of time
-# 20 minutes. A healthy rank never stays this long in one phase: the slowest first step seen here, a whole-model
-# torch.compile on a GPU host, took about 6 minutes, and a first NCCL init takes seconds to a minute. It is also
-# twice --dist-timeout's default (600 s), so a collective that can time out on its own reports its own error first.
+# 20 minutes. A healthy rank never stays this long in one phase: the longest is a first step with a whole-model
+# torch.compile (the compiled transformer `base`: 368 s for 40 steps, most of it compiling; with math attention
+# over 585 s, BENCHMARKS.md §8), and a first NCCL init takes seconds to a minute. It is also twice --dist-timeout's
+# default (600 s), so a collective that can time out on its own reports its own error first.
 DEFAULT_STALL_TIMEOUT = 1200.0
 
 TRAIN_DATA = "waiting for the next training batch from the data loader"
