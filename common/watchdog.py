@@ -29,9 +29,9 @@ T = TypeVar("T")
 
 STALL_EXIT_CODE = 124  # as timeout(1): the command ran out of time
 # 20 minutes. A healthy rank never stays this long in one phase: the longest is a first step with a whole-model
-# torch.compile (the compiled transformer `base`: 368 s for 40 steps, most of it compiling; with math attention
-# over 585 s, BENCHMARKS.md §8), and a first NCCL init takes seconds to a minute. It is also twice --dist-timeout's
-# default (600 s), so a collective that can time out on its own reports its own error first.
+# torch.compile (transformer `base`: 368 s for a 40-step run, most of it compiling; BENCHMARKS.md, "Throughput and
+# MFU, 1 GPU"), and a first NCCL init takes seconds to a minute. It is also twice --dist-timeout's default (600 s),
+# so a collective that can time out on its own reports its own error first.
 DEFAULT_STALL_TIMEOUT = 1200.0
 
 TRAIN_DATA = "waiting for the next training batch from the data loader"
