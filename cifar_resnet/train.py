@@ -55,6 +55,7 @@ from common.utils import (
     param_groups,
     warmup_cosine,
 )
+from common.watchdog import CHECKPOINT, Watchdog
 
 T_START = time.time()
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
@@ -401,6 +402,7 @@ def main(args: argparse.Namespace) -> None:
     def save(name: str, keep_last: int = 0) -> float:
         """Returns the seconds it took, which the throughput leaves out (as it does evaluation)."""
         t = time.time()
+        watchdog.beat(CHECKPOINT)
         if info.is_main:  # [DDP 4] only rank 0 writes, atomically
             state = dict(model=model_without_ddp.state_dict(), optimizer=optimizer.state_dict(),
                          scheduler=scheduler.state_dict(), scaler=scaler.state_dict(), epoch=epoch, step=step,
@@ -429,6 +431,7 @@ def main(args: argparse.Namespace) -> None:
     max_steps = min(total_steps, args.max_steps or total_steps)
     progress = Progress(info, max_steps, step)
     stop = StopSignal()
+    watchdog = Watchdog(args.stall_timeout, info.rank)  # a stall becomes stacks and an exit
 
     # ---- training loop
     stopped = False
@@ -436,7 +439,7 @@ def main(args: argparse.Namespace) -> None:
     while epoch < args.epochs and step < max_steps and not stopped:
         train_model.train()
         micro = 0
-        for x, y in train_batches(epoch, batch_in_epoch):
+        for x, y in watchdog.batches(train_batches(epoch, batch_in_epoch)):
             micro += 1
             sync = micro % args.accum_steps == 0
             with model.no_sync() if (not sync and info.world_size > 1) else contextlib.nullcontext():
@@ -487,7 +490,8 @@ def main(args: argparse.Namespace) -> None:
             or (step >= max_steps and not stopped)
         ):
             broadcast_buffers(model_without_ddp)  # every rank evaluates rank 0's BN statistics, as saved
-            m = evaluate_classifier(model_without_ddp, eval_batches(), device, dtype, args.tta)
+            batches = watchdog.batches(eval_batches(), evaluating=True)
+            m = evaluate_classifier(model_without_ddp, batches, device, dtype, args.tta)
             logger.log({"split": eval_name, "epoch": epoch, "step": step, **m})
             progress.write(f"epoch {epoch} {eval_name}: {describe(m)}")
             if m["acc1"] > best:
@@ -496,6 +500,7 @@ def main(args: argparse.Namespace) -> None:
             t0, step0 = time.time(), step  # keep eval time out of the throughput
         t0 += save("last.pt")  # keep checkpoint time out of the throughput too
     stop.close()
+    watchdog.stop()
     progress.close()
     if stopped:
         stop.exit_preempted(step, logger)

@@ -6,6 +6,7 @@ A checkpoint is a plain dict of tensors and Python primitives, so it loads with
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import random
@@ -13,9 +14,10 @@ import re
 import tempfile
 import warnings
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
@@ -66,24 +68,18 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(state: dict[str, Any], path: str | os.PathLike, keep_last: int = 0) -> None:
-    """Write ``state`` to ``path`` atomically: temp file, fsync, rename.
-
-    A crash at any moment leaves either the old file or the new one, never a
-    torn one. Call on global rank 0 only. With ``keep_last > 0`` a copy named
-    ``step_<N>.pt`` is also kept and only the newest ``keep_last`` survive.
-    """
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike) -> Iterator[IO[bytes]]:
+    """A binary file that appears at ``path`` whole or not at all: a temp file in the same directory, fsync,
+    rename over ``path``, fsync of the directory. A crash at any moment leaves the old file or the new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
+            yield f
             f.flush()
             os.fsync(f.fileno())
-        if keep_last > 0 and "step" in state:
-            os.link(tmp, path.parent / f"step_{state['step']:08d}.pt.tmp")
-            os.replace(path.parent / f"step_{state['step']:08d}.pt.tmp", path.parent / f"step_{state['step']:08d}.pt")
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -94,6 +90,22 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike, keep_last: i
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def save_checkpoint(state: dict[str, Any], path: str | os.PathLike, keep_last: int = 0) -> None:
+    """Write ``state`` to ``path`` atomically: temp file, fsync, rename.
+
+    A crash at any moment leaves either the old file or the new one, never a
+    torn one. Call on global rank 0 only. With ``keep_last > 0`` a copy named
+    ``step_<N>.pt`` is also kept and only the newest ``keep_last`` survive.
+    """
+    path = Path(path)
+    with atomic_write(path) as f:
+        torch.save(state, f)
+    if keep_last > 0 and "step" in state:  # a hard link: the copy costs no second write
+        step_path = path.parent / f"step_{state['step']:08d}.pt"
+        os.link(path, f"{step_path}.tmp")
+        os.replace(f"{step_path}.tmp", step_path)
     if keep_last > 0:
         olds = sorted(path.parent.glob("step_*.pt"))
         for old in olds[:-keep_last]:

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from common.errors import UserError
+from common.watchdog import DEFAULT_STALL_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,14 @@ def add_dist_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--local-rank", "--local_rank", dest="local_rank", type=int, default=None, help=argparse.SUPPRESS)
     g.add_argument(
         "--dist-timeout", type=float, default=600.0, help="seconds before a stuck rendezvous or collective fails"
+    )
+    g.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=DEFAULT_STALL_TIMEOUT,
+        help="seconds without training progress (no batch, step, eval batch or checkpoint done) before a rank dumps "
+        "every thread's stack and exits with code 124 for the launcher to restart (0: off). The default covers a "
+        "first torch.compile (~6 min for a whole model) and NCCL init, and is twice --dist-timeout's",
     )
 
 

@@ -71,6 +71,7 @@ from common.utils import (
     param_groups,
     warmup_cosine,
 )
+from common.watchdog import CHECKPOINT, Watchdog
 from imagenet.data import MEAN, STD, check_args, collate, fetch_weights, image_folder, weights_file
 
 # Defaults each recipe gives to the flags left unset (an explicit flag always wins).
@@ -394,6 +395,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
     def save(name: str, keep_last: int = 0) -> float:
         """Returns the seconds it took, which the throughput leaves out (as it does evaluation)."""
         t = time.time()
+        watchdog.beat(CHECKPOINT)
         if info.is_main:  # [DDP 4] only global rank 0 writes (not every node's local rank 0), atomically
             state = dict(model=model_without_ddp.state_dict(), optimizer=optimizer.state_dict(),
                          scheduler=scheduler.state_dict(), scaler=scaler.state_dict(), epoch=epoch, step=step,
@@ -415,6 +417,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
     max_steps = min(total_steps, args.max_steps or total_steps)
     progress = Progress(info, max_steps, step)
     stop = StopSignal()
+    watchdog = Watchdog(args.stall_timeout, info.rank)  # a stall becomes stacks and an exit
 
     # ---- training loop
     stopped, n_skipped = False, 0
@@ -422,7 +425,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
     while epoch < args.epochs and step < max_steps and not stopped:
         train_model.train()
         micro = 0
-        for i, x, y in train_batches(epoch, batch_in_epoch):
+        for i, x, y in watchdog.batches(train_batches(epoch, batch_in_epoch)):
             micro += 1
             sync = micro % args.accum_steps == 0
             if mix is not None:  # seeded per micro-batch: identical after a resume
@@ -477,10 +480,10 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
             or (step >= max_steps and not stopped)
         ):
             broadcast_buffers(model_without_ddp)  # every rank evaluates rank 0's BN statistics, as saved
-            m = evaluate_classifier(eval_model, val_batches(), device, dtype)
+            m = evaluate_classifier(eval_model, watchdog.batches(val_batches(), evaluating=True), device, dtype)
             if ema is not None:
                 broadcast_buffers(ema)
-                m_ema = evaluate_classifier(ema.module, val_batches(), device, dtype)
+                m_ema = evaluate_classifier(ema.module, watchdog.batches(val_batches(), evaluating=True), device, dtype)
                 m.update({f"ema_{k}": m_ema[k] for k in ("loss", "acc1", "acc5")})
             log_eval(m, epoch, step)
             if m["acc1"] > best:
@@ -489,6 +492,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
             t0, step0 = time.time(), step  # keep eval time out of the throughput
         t0 += save("last.pt")  # keep checkpoint time out of the throughput too
     stop.close()
+    watchdog.stop()
     progress.close()
     if n_skipped:
         print0(f"skipped {n_skipped} unreadable training image(s), listed above as warnings")

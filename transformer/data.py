@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -270,6 +271,17 @@ def encode(tok, sentences: list[str]) -> list[list[int]]:
 
 def decode(tok, ids: list[list[int]]) -> list[str]:
     return tok.decode_batch(ids, skip_special_tokens=True)
+
+
+# Every character some tool ends a line at: `wc -l` and most Unix tools count "\n" only, str.splitlines() (and
+# so any Python reader) splits at all of these, editors and other readers at some. A byte-level BPE can emit any
+# of them, so one in a hypothesis would add a line for some readers and misalign every pair after it.
+LINE_BREAKS = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]+")
+
+
+def one_line(text: str) -> str:
+    """`text` with each run of line-break characters replaced by one space: one line for every reader."""
+    return LINE_BREAKS.sub(" ", text)
 
 
 def tokenizers_done_forking() -> None:

@@ -43,6 +43,7 @@ from common.distributed import (
 from common.errors import UserError, run_cli
 from common.metrics import MetricsLogger, Progress, prepare_output_dir
 from common.utils import StopSignal, amp_dtype, autocast, count_params, param_groups
+from common.watchdog import CHECKPOINT, EVAL_STEP, Watchdog
 from transformer.data import (
     PAD,
     ParallelDataset,
@@ -51,6 +52,7 @@ from transformer.data import (
     decode,
     encode,
     load_corpus,
+    one_line,
     shared_tokenizer,
     token_batches,
     tokenizers_done_forking,
@@ -177,9 +179,9 @@ def evaluate(model, data, tok, args, info, dtype) -> dict:
     result = None
     if info.is_main:  # detokenized, cased corpus BLEU against the original reference text
         by_index = dict(pair for part in gathered for pair in part)
-        hyps = [by_index[i] for i in range(len(refs))]
+        hyps = [one_line(by_index[i]) for i in range(len(refs))]  # as translate.py writes them
         bleu = BLEU()
-        score = bleu.corpus_score(hyps, [refs]).score
+        score = bleu.corpus_score(hyps, [[one_line(r) for r in refs]]).score
         samples = [(src_text[i], refs[i], hyps[i]) for i in range(min(args.samples, len(refs)))]
         result = {"bleu": score, "bleu_signature": str(bleu.get_signature()), "samples": samples}
     result = broadcast_object(result)
@@ -339,6 +341,7 @@ def main(args: argparse.Namespace) -> None:
     def save(name: str, keep_last: int = 0) -> float:
         """Returns the seconds it took, which the throughput leaves out (as it does evaluation)."""
         t = time.time()
+        watchdog.beat(CHECKPOINT)
         if info.is_main:  # [DDP 4] only rank 0 writes, atomically
             save_checkpoint(
                 {
@@ -387,8 +390,10 @@ def main(args: argparse.Namespace) -> None:
     max_steps = min(total_steps, args.max_steps or total_steps)
     progress = Progress(info, max_steps, step, unit="tok")
     stop = StopSignal()
+    watchdog = Watchdog(args.stall_timeout, info.rank)  # a stall becomes stacks and an exit
 
     def run_eval(split: str) -> dict:
+        watchdog.beat(EVAL_STEP)
         m = evaluate(model_without_ddp, eval_sets[split], tok, args, info, dtype)
         logger.log(
             {"split": split, "epoch": epoch, "step": step, "loss": m["loss"], "bleu": m["bleu"], "count": m["count"]}
@@ -415,7 +420,7 @@ def main(args: argparse.Namespace) -> None:
     # at an epoch boundary (on 4 GPUs the restart and the epoch plan cost each rank about 0.1 s:
     # docs/runs/tr_base_m8_trace_eager_restart_4xh100.txt).
     sampler.set_epoch(epoch, skip=batch_in_epoch, until=args.epochs)
-    batches = iter(train_loader)
+    batches = watchdog.batches(train_loader)
     while epoch < args.epochs and step < max_steps and not stopped:
         model.train()
         step_tokens = sampler.step_tokens(epoch)  # target tokens of each optimizer step, all ranks together
@@ -478,6 +483,7 @@ def main(args: argparse.Namespace) -> None:
         stop.exit_preempted(step, logger)
     if "test" in eval_sets and args.eval_every > 0:
         run_eval("test")
+    watchdog.stop()
     print0(f"done: step {step}, best val BLEU {best:.2f}, wall {time.time() - T_START:.1f}s since start")
     logger.close()
 

@@ -1,11 +1,16 @@
-"""Translate sentences with a checkpoint of transformer/train.py.
+r"""Translate sentences with a checkpoint of transformer/train.py.
 
     python transformer/translate.py --checkpoint runs/transformer/best.pt "Ein Mann fährt Fahrrad."
     python transformer/translate.py --checkpoint runs/transformer/best.pt < sentences.txt > out.txt
+    python transformer/translate.py --checkpoint runs/transformer/best.pt --input test.de --output test.hyp
 
 The checkpoint carries the tokenizer and the model config, so nothing else is needed. Decoding is the
-same code as validation (model.translate_ids: greedy, or beam search with --beam N). One output line
-per input line, in order.
+same code as validation (model.translate_ids: greedy, or beam search with --beam N).
+
+Exactly one output line per input line, in order, for any reader: a line ends at "\n" only, and every
+other character some tool ends a line at (\r, \v, \f, \x1c-\x1e, \x85, \u2028, \u2029) becomes a space,
+in the input and in the translation (data.one_line, which validation BLEU uses too). An empty input line
+gives an empty output line. --output appears whole or not at all.
 """
 
 from __future__ import annotations
@@ -17,16 +22,18 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # find common/ when run as a script
-from common.checkpoint import load_checkpoint, load_model_state
+from common.checkpoint import atomic_write, load_checkpoint, load_model_state
 from common.errors import UserError, run_cli
 from common.utils import amp_dtype
-from transformer.data import decode, encode
+from transformer.data import decode, encode, one_line, read_lines
 from transformer.model import ModelConfig, Transformer, allow_cudnn_attention, translate_ids
 
 
 def get_args_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("sentences", nargs="*", help="sentences to translate (default: one per line on stdin)")
+    p.add_argument("sentences", nargs="*", help="sentences to translate (default: one per line from --input or stdin)")
+    p.add_argument("--input", default=None, help="UTF-8 text file (or .gz), one sentence per line (default: stdin)")
+    p.add_argument("--output", default=None, help="write the translations here, atomically (default: stdout)")
     p.add_argument("--checkpoint", required=True, help="last.pt or best.pt written by transformer/train.py")
     p.add_argument("--beam", type=int, default=1, help="beam size (1: greedy)")
     p.add_argument("--max-tokens", type=int, default=8192, help="source tokens per batch x beam")
@@ -52,13 +59,27 @@ def main(args: argparse.Namespace) -> None:
     model.to(device).eval()
     allow_cudnn_attention(False)  # decoding brings a new shape every step: cuDNN would plan each one
 
-    sentences = args.sentences or [line.rstrip("\r\n") for line in sys.stdin]
+    if args.sentences and args.input:
+        raise UserError("give sentences as arguments or --input FILE, not both")
+    # read_lines ends a line at "\n" only (and drops a "\r" before it): the line count `wc -l` gives
+    sentences = args.sentences or read_lines(Path(args.input or "/dev/stdin"))
+    sentences = [one_line(s) for s in sentences]
+    todo = [i for i, s in enumerate(sentences) if s.strip()]  # an empty (or blank) line stays empty
     limit = model.cfg.max_positions - 1
-    sources = [ids[:limit] for ids in encode(tok, sentences)]
+    sources = [ids[:limit] for ids in encode(tok, [sentences[i] for i in todo])]
     hyps = translate_ids(model, sources, args.max_tokens, args.beam, amp_dtype(args.amp, device))
-    for line in decode(tok, hyps):
-        print(line.replace("\n", " "))
-    sys.stdout.flush()
+    lines = [""] * len(sentences)
+    for i, hyp in zip(todo, decode(tok, hyps)):
+        lines[i] = one_line(hyp)
+    text = "".join(line + "\n" for line in lines)
+    if not text.count("\n") == len(text.splitlines()) == len(sentences):  # a bug, never the user's input
+        raise RuntimeError(f"{len(sentences)} input lines but {len(text.splitlines())} output lines")
+    if args.output:
+        with atomic_write(args.output) as f:
+            f.write(text.encode())
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
 
 
 if __name__ == "__main__":

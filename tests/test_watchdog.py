@@ -1,0 +1,158 @@
+"""The stall watchdog (common/watchdog.py) under real torchrun and gloo: a frozen DataLoader worker or a frozen
+rank ends the run with every thread's stack and one error line; a healthy run with slow steps never trips it."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PY, REPO, make_jpeg_imagefolder, run
+
+STALL_EXIT = "exitcode  : 124"  # torchrun's summary of the rank the watchdog ended
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_jpeg_imagefolder(tmp_path_factory.mktemp("d"), {"train": 40, "val": 8}, classes=4, size=64)
+
+
+def torchrun_imagenet(data, out, *extra):
+    """2 ranks of imagenet/train.py on real JPEGs: a small model, 64-pixel crops, 5 steps an epoch."""
+    return [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "imagenet/train.py", str(data),
+            "-a", "mobilenet_v3_small", "-b", "4", "--train-crop-size", "64", "--val-crop-size", "64",
+            "--val-resize-size", "64", "-p", "1", "--output-dir", str(out), *extra]  # fmt: skip
+
+
+def popen(cmd):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def processes():
+    """{pid: (parent pid, cmdline, environ)} of every process we may read."""
+    found = {}
+    for d in Path("/proc").iterdir():
+        try:
+            stat = (d / "stat").read_text()
+            if stat.rsplit(")", 1)[1].split()[0] == "Z":
+                continue  # a zombie is dead
+            found[int(d.name)] = (int(stat.rsplit(")", 1)[1].split()[1]), (d / "cmdline").read_bytes(),
+                                  (d / "environ").read_bytes().split(b"\0"))  # fmt: skip
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def rank_process(launcher_pid, rank):
+    """PID of train.py's rank `rank` (a child of torchrun; its DataLoader workers are its own children)."""
+    procs = processes()
+    return next(pid for pid, (ppid, cmd, env) in procs.items()
+                if ppid == launcher_pid and b"train.py" in cmd and f"RANK={rank}".encode() in env)  # fmt: skip
+
+
+def rank_process_alive(launcher_pid, rank):
+    try:
+        return rank_process(launcher_pid, rank) > 0
+    except StopIteration:
+        return False
+
+
+def children(pid):
+    return [p for p, (ppid, _, _) in processes().items() if ppid == pid]
+
+
+def wait_for_train_step(out, step, proc, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        try:
+            lines = (out / "metrics.jsonl").read_text().splitlines()
+            if any(r["split"] == "train" and r["step"] >= step for r in map(json.loads, lines[:-1])):
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError("training did not start in time")
+
+
+def assert_stalled(log, rank, what):
+    """The watchdog's output: a header, every thread's stack (the main thread's included), one error line."""
+    assert f"rank {rank}: no progress for " in log and "the stack of every thread follows" in log, log[-3000:]
+    assert "Current thread" in log or "Thread 0x" in log, log[-3000:]  # faulthandler's stack dump
+    assert 'File "' in log and "imagenet/train.py" in log
+    error = [line for line in log.splitlines() if line.startswith(f"error: rank {rank} stalled: no progress for")]
+    assert len(error) == 1 and what in error[0] and "a larger --stall-timeout than 2," in error[0], log[-3000:]
+    idle = int(re.search(r"no progress for (\d+)s", error[0]).group(1))
+    assert 2 <= idle <= 2 + 3, error[0]  # fired at the timeout (give or take a poll on a busy machine)
+    assert STALL_EXIT in log, log[-3000:]
+
+
+def test_frozen_dataloader_worker_ends_the_run(data, tmp_path):
+    """SIGSTOP rank 1's only DataLoader worker: rank 1 names the data loader, exits 124, and its worker dies too."""
+    proc = popen(torchrun_imagenet(data, tmp_path, "-j", "1", "--epochs", "50", "--stall-timeout", "2"))
+    worker = None
+    try:
+        wait_for_train_step(tmp_path, 2, proc)
+        rank1 = rank_process(proc.pid, 1)
+        (worker,) = children(rank1)
+        os.kill(worker, signal.SIGSTOP)
+        log, _ = proc.communicate(timeout=60)  # a worker left behind would hold the pipe open: a timeout
+        assert proc.returncode != 0
+        assert_stalled(log, 1, "waiting for the next training batch from the data loader")
+        assert worker not in processes(), "the frozen DataLoader worker outlived its rank"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if worker in processes():
+            os.kill(worker, signal.SIGKILL)
+
+
+def test_frozen_rank_ends_the_peer_waiting_in_the_all_reduce(data, tmp_path):
+    """SIGSTOP rank 1: rank 0 waits in the gradient all-reduce (gloo, --dist-timeout 600) until its watchdog
+    ends it after 2 s; torchrun then stops rank 1, which resumes only to find its peer gone."""
+    proc = popen(torchrun_imagenet(data, tmp_path, "-j", "0", "--epochs", "50", "--stall-timeout", "2"))
+    rank1 = None
+    try:
+        wait_for_train_step(tmp_path, 2, proc)
+        rank1 = rank_process(proc.pid, 1)
+        os.kill(rank1, signal.SIGSTOP)
+        t0 = time.time()
+        while rank_process_alive(proc.pid, 0) and time.time() - t0 < 40:
+            time.sleep(0.1)
+        assert time.time() - t0 < 30, "rank 0 did not end"
+        os.kill(rank1, signal.SIGCONT)  # or torchrun would wait 30 s before it SIGKILLs the stopped rank
+        log, _ = proc.communicate(timeout=60)
+        assert proc.returncode != 0
+        assert_stalled(log, 0, "in a training step (forward, backward with the gradient all-reduce")
+    finally:
+        if rank1 is not None and rank1 in processes():
+            os.kill(rank1, signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_healthy_run_with_slow_steps_never_fires(data, tmp_path):
+    """--stall-timeout 1 on a run many times that long: steps of 0.1-0.7 s on 2 cores (the first one starts the
+    DataLoader worker), two evaluations, a checkpoint every 2 steps. It finishes normally."""
+    p = run(torchrun_imagenet(data, tmp_path, "-j", "1", "--epochs", "2", "--save-every-steps", "2",
+                              "--stall-timeout", "1"), timeout=120)  # fmt: skip
+    assert "stalled" not in p.stdout + p.stderr
+    assert "done: step 10" in p.stdout and p.stdout.count(" val: ") == 2
+
+
+def test_main_thread_holding_the_gil_still_ends():
+    """A C call that never releases the GIL starves the watchdog thread; faulthandler's C timer still dumps the
+    stacks and exits (no torch: common/watchdog.py needs the standard library only)."""
+    code = ("import ctypes, sys; sys.path.insert(0, sys.argv[1]); from common.watchdog import Watchdog; "
+            "Watchdog(1.0); ctypes.PyDLL(None).sleep(60)")  # fmt: skip
+    t0 = time.time()
+    p = subprocess.run([PY, "-c", code, str(REPO)], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 1 and time.time() - t0 < 15, (p.returncode, p.stderr)
+    assert "Timeout (0:00:01.250000)!" in p.stderr and 'File "<string>", line 1 in <module>' in p.stderr, p.stderr
