@@ -408,7 +408,6 @@ def profile_gpu_decode(args, root: Path, device, decoder: str, steps: int = 8) -
     resident = (time.perf_counter() - t0) / steps
     trace = Path(args.out) / f"trace_gpu_decode_{decoder}.json"
     prof.export_chrome_trace(str(trace))
-    main_stream = torch.cuda.current_stream().cuda_stream
     per_stream: dict = {}
     for e in json.loads(trace.read_text())["traceEvents"]:
         if e.get("cat") == "kernel":
@@ -423,7 +422,6 @@ def profile_gpu_decode(args, root: Path, device, decoder: str, steps: int = 8) -
         },
         "training_stream_kernel_ms": round(main_ms, 2),
         "other_streams_kernel_ms": round(sum(per_stream.values()) - main_ms, 2),
-        "main_stream_id": main_stream,
     }
     top = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25)
     (Path(args.out) / f"profile_gpu_decode_{decoder}.txt").write_text(json.dumps(summary, indent=1) + "\n" + top)
@@ -471,7 +469,9 @@ def bench_jpeg(args, device, rows):
         if args.tiny:
             cmd += ["--max-steps", "3", "-p", "1", "--train-crop-size", "32", "--val-resize-size", "36",
                     "--val-crop-size", "32"]  # fmt: skip
-        what_run = f"imagenet/train.py ResNet-50, {what}, {name}" + (", bf16 + channels_last + compile" * bool(fast))
+        what_run = f"imagenet/train.py ResNet-50, {what}, {name}" + (
+            ", bf16 + channels_last + compile" * ("--compile" in flags)
+        )
         row = script_row("jpeg", what_run, cmd, out, "img_per_s", 2 if not args.tiny else 1, monitor=True, batch=b)
         decoder = flags[flags.index("--gpu-decoder") + 1] if "--gpu-decoder" in flags else None
         if decoder is not None:

@@ -117,9 +117,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--skip-bad-images", action="store_true", help="skip, count and report unreadable images")
     g.add_argument("--gpu-decode", action="store_true", help="decode JPEGs and augment on the GPU (see --gpu-decoder)")
     g.add_argument(
-        "--gpu-decoder", choices=("auto", "nvimgcodec", "torchvision"), default="auto",
-        help="nvimgcodec: hardware JPEG decoders (pip install -r requirements-gpu.txt); torchvision: nvJPEG on the "
-        "SMs; auto: nvimgcodec if installed",
+        "--gpu-decoder", choices=("torchvision", "nvimgcodec"), default="torchvision",
+        help="torchvision: torchvision.io.decode_jpeg on the GPU; nvimgcodec: NVIDIA nvImageCodec "
+        "(pip install -r requirements-gpu.txt; see imagenet/README.md)",
     )  # fmt: skip
     g = p.add_argument_group("model")
     g.add_argument("-a", "--arch", default="resnet50", help="any torchvision classification model name")
@@ -254,9 +254,6 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
         gpu_val = GpuTransform(
             device, args.val_crop_size, args.val_resize_size, channels_last=channels_last, decoder=args.gpu_decoder
         )
-        if device.type == "cuda" and gpu_train.decoder != "nvimgcodec":
-            print0("note: --gpu-decode runs torchvision's nvJPEG on the SMs; for the hardware JPEG decoders: "
-                   "pip install -r requirements-gpu.txt")  # fmt: skip
         train_ds = EncodedImages(train_ds.samples, args.seed) if train_ds is not None else None
         val_ds = EncodedImages(val_ds.samples)
     if not args.evaluate:
@@ -492,7 +489,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
     progress.close()
     if n_skipped:
         print0(f"skipped {n_skipped} unreadable training image(s), listed above as warnings")
-    if gpu_decode:  # how many training images each decoder took on rank 0 (hw: NVJPG engines; the rest fell back)
+    if gpu_decode:  # training images each decoder took on rank 0 (nvimgcodec's hw: the NVJPG engines; others fell back)
         print0(
             f"{gpu_train.decoder} decoded (rank 0): "
             + ", ".join(f"{k} {v}" for k, v in sorted(gpu_train.counts.items()))
