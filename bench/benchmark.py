@@ -5,7 +5,8 @@
     python bench/benchmark.py --tiny --out o                  # CPU smoke mode (CI runs this so it cannot rot)
 
 All parts together take longer than one 10-minute slot: on one H200 the two compiled ResNet-50 rows took about
-3 min and the transformer part about 4 min; on an H100 the jpeg part took 161 s. A compiled transformer `base`
+3 min and the transformer part about 4 min; on an H100 the jpeg part (--jpeg-images 15360) had made four of its five
+rows and the nvImageCodec profile after 455 s (--no-jpeg-profile saves about a minute). A compiled transformer `base`
 script run compiles for about 35 s on an H100 since `--compile` compiles each layer on its own (it took 368 s
 when the whole model was compiled). Run the parts separately (--only).
 
