@@ -4,9 +4,11 @@
     python bench/benchmark.py --only resnet50,cifar --out o   # a subset
     python bench/benchmark.py --tiny --out o                  # CPU smoke mode (CI runs this so it cannot rot)
 
-The parts take minutes each: on one H200 the two compiled ResNet-50 rows took about 3 min and the transformer
-part about 4 min; on an H100 the jpeg part took 161 s. A 40-step compiled transformer `base` script row takes
-about a minute on an H100, since `--compile` compiles each layer on its own. Run the parts separately (--only);
+All parts together take more than 10 minutes: on one H200 the two compiled ResNet-50 rows took about
+3 min and the transformer part about 4 min; on an H100 the jpeg part (--jpeg-images 15360) had made four of its five
+rows and the nvImageCodec profile after 455 s (--no-jpeg-profile saves about a minute). A compiled transformer `base`
+script run compiles for about 35 s on an H100 since `--compile` compiles each layer on its own (it took 368 s
+when the whole model was compiled). Run the parts separately (--only);
 bench/reproduce.sh runs them as BENCHMARKS.md reports them.
 
 Writes ``OUT/results.json`` and ``OUT/results.md``: device, GPU count, torch/CUDA versions, and for every row the
@@ -81,33 +83,117 @@ def bare_vision_step(
     return step
 
 
-def script_rate(cmd: list[str], out: Path, key: str, skip: int = 2) -> tuple[float, str]:
-    """Run a train.py command; return the median of its logged ``key`` (after ``skip`` warm-up records)."""
+class Monitor:
+    """Samples a process tree's CPU time and the GPU's utilisation every ``every`` s while a command runs, so
+    a steady window of the run can be summarised: CPU cores busy (CPU seconds of the process and its children,
+    the DataLoader workers, per wall second), SM utilisation (NVML's GPM SM_UTIL on Hopper: the share of SMs
+    busy; else NVML's coarser "a kernel was running" figure), and the JPEG engines' utilisation."""
+
+    def __init__(self, pid: int, every: float = 0.5):
+        self.pid, self.every, self.samples, self.stop = pid, every, [], False
+        self.nvml = self.gpm = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nvml, self.handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
+            if pynvml.nvmlGpmQueryDeviceSupport(self.handle).isSupportedDevice:
+                self.gpm = [pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()]
+                pynvml.nvmlGpmSampleGet(self.handle, self.gpm[0])
+        except Exception:  # no pynvml, no GPU or no GPM: the figures it gives are left out
+            pass
+        import threading
+
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _cpu_seconds(self) -> float:
+        import psutil
+
+        try:
+            procs = [psutil.Process(self.pid)]
+            procs += procs[0].children(recursive=True)
+        except psutil.Error:
+            return float("nan")
+        total = 0.0
+        for q in procs:
+            try:
+                c = q.cpu_times()
+                total += c.user + c.system
+            except psutil.Error:  # a worker that just left
+                pass
+        return total
+
+    def _run(self) -> None:
+        while not self.stop:
+            rec = {"t": time.time(), "cpu_s": self._cpu_seconds()}
+            if self.nvml is not None:
+                n, h = self.nvml, self.handle
+                try:
+                    rec["gpu_util"] = n.nvmlDeviceGetUtilizationRates(h).gpu
+                    rec["jpg_util"] = n.nvmlDeviceGetJpgUtilization(h)[0]
+                    if self.gpm is not None:
+                        n.nvmlGpmSampleGet(h, self.gpm[1])
+                        m = n.c_nvmlGpmMetricsGet_t()
+                        m.version, m.numMetrics = n.NVML_GPM_METRICS_GET_VERSION, 1
+                        m.sample1, m.sample2 = self.gpm[0], self.gpm[1]
+                        m.metrics[0].metricId = n.NVML_GPM_METRIC_SM_UTIL
+                        n.nvmlGpmMetricsGet(m)
+                        rec["sm_util"] = m.metrics[0].value  # over the interval since the last sample
+                        self.gpm.reverse()
+                except Exception:
+                    pass
+            self.samples.append(rec)
+            time.sleep(self.every)
+
+    def window(self, t0: float, t1: float) -> dict:
+        """Averages over the samples taken between t0 and t1 (unix time)."""
+        self.stop = True
+        self.thread.join()
+        inside = [r for r in self.samples if t0 <= r["t"] <= t1]
+        if len(inside) < 2:
+            return {}
+        out = {"cpu_cores": (inside[-1]["cpu_s"] - inside[0]["cpu_s"]) / (inside[-1]["t"] - inside[0]["t"])}
+        for k in ("sm_util", "gpu_util", "jpg_util"):
+            vals = [r[k] for r in inside[1:] if k in r]
+            if vals:
+                out[k] = sum(vals) / len(vals)
+        return out
+
+
+def script_rate(cmd: list[str], out: Path, key: str, skip: int = 2, monitor: bool = False) -> tuple[float, str, dict]:
+    """Run a train.py command; return the median of its logged ``key`` (after ``skip`` warm-up records), the
+    wall time, and with ``monitor`` the CPU cores and GPU utilisation over the records it took the median of."""
     t0 = time.time()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    mon = Monitor(p.pid) if monitor else None
+    stdout, stderr = p.communicate()
     if p.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
-    recs = [json.loads(line) for line in open(out / "metrics.jsonl")]
-    vals = [r[key] for r in recs if r.get("split") == "train" and key in r][skip:]
-    if not vals:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{stdout[-2000:]}\n{stderr[-3000:]}")
+    recs = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r.get("split") == "train" and key in r]
+    if len(recs) <= skip:
         raise RuntimeError(f"no {key} records in {out}/metrics.jsonl")
-    return statistics.median(vals), f"{time.time() - t0:.0f}s"
+    extra = mon.window(recs[skip - 1]["time"], recs[-1]["time"]) if mon is not None and skip > 0 else {}
+    (out / "stdout.txt").write_text(stdout + stderr)
+    return statistics.median(r[key] for r in recs[skip:]), f"{time.time() - t0:.0f}s", extra
 
 
 def cmd_str(cmd: list[str]) -> str:
     return " ".join(str(c) for c in cmd).replace(sys.executable, "python3")
 
 
-def script_row(bench: str, what: str, cmd: list[str], out: Path, key: str, skip: int = 2, **extra) -> dict:
+def script_row(
+    bench: str, what: str, cmd: list[str], out: Path, key: str, skip: int = 2, monitor: bool = False, **extra
+) -> dict:
     """Run a train.py command and return its results row: the median ``key``, wall time and exact command.
     A failed run becomes a FAILED row, so one broken configuration does not lose the measurements after it."""
     try:
-        rate, wall = script_rate(cmd, out, key, skip)
+        rate, wall, usage = script_rate(cmd, out, key, skip, monitor)
     except RuntimeError as e:
         print(e, file=sys.stderr)
         return {"bench": bench, "what": f"FAILED: {what}"}
-    return {"bench": bench, "what": what, **extra, key: rate, "wall": wall, "cmd": cmd_str(cmd)}
+    return {"bench": bench, "what": what, **extra, key: rate, **usage, "wall": wall, "cmd": cmd_str(cmd)}
 
 
 # ------------------------------------------------------------------ measurements
@@ -189,64 +275,218 @@ def bench_cifar(args, device, rows):
         rows.append({**row, "epoch_s": n / row["img_per_s"]} if "img_per_s" in row else row)
 
 
-def _upscale(job: tuple[str, str, int, int]) -> int:
-    """Resize one JPEG to (width, height), re-encode at quality 90; returns the new file's size in bytes."""
+# Photo-like texture: noise at several feature sizes (px) and amplitudes (levels), each smoothed by a bicubic
+# upscale, mostly luminance with some colour. Its detail at every scale gives JPEGs of ImageNet's byte size at
+# quality 90 (about 100 KB at 500x375) where smooth upscales of small images give 17 KB.
+TEXTURE_SCALES = ((96, 50), (32, 34), (12, 26), (5, 22), (2, 18), (1, 10))
+
+
+def _texture_fields(seed: int, size: int = 1024) -> list:
+    import numpy as np
     import PIL.Image
 
-    src, dst, w, h = job
-    PIL.Image.open(src).convert("RGB").resize((w, h), PIL.Image.BICUBIC).save(dst, quality=90)
-    return os.path.getsize(dst)
+    rng, fields = np.random.default_rng(seed), []
+    for scale, amp in TEXTURE_SCALES:
+        n = size // scale + 4
+        small = 0.35 * rng.standard_normal((n, n, 3)) + rng.standard_normal((n, n, 1))
+        up = np.stack(
+            [np.asarray(PIL.Image.fromarray(small[..., c].astype(np.float32), "F").resize((n * scale,) * 2, 3))
+             for c in range(3)], -1,
+        )[:size, :size]  # fmt: skip
+        fields.append((amp * up / up.std()).astype(np.float32))
+    return fields
 
 
-def make_jpeg_folder(cifar_dir: str, root: Path, n_train: int, n_val: int, size=(500, 375), workers: int = 16):
-    """ImageNet-sized JPEGs from the CIFAR ones: train/ and val/ ImageFolders of `size` images at quality 90."""
+def _write_photos(job: tuple[int, list[tuple[str, int, int]]]) -> list[int]:
+    """Write one worker's share of the JPEGs: each a sum of random crops (some mirrored) of the texture fields."""
+    import numpy as np
+    import PIL.Image
+
+    seed, files = job
+    fields, rng, sizes = _texture_fields(seed, max(1024, *(max(w, h) + 64 for _, w, h in files))), None, []
+    rng = np.random.default_rng(seed + 1)
+    for path, w, h in files:
+        img = np.full((h, w, 3), 128.0, np.float32)
+        for f in fields:
+            y, x = rng.integers(0, f.shape[0] - h), rng.integers(0, f.shape[1] - w)
+            img += f[y : y + h, x : x + w] if rng.random() < 0.5 else f[y : y + h, x : x + w][:, ::-1]
+        PIL.Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(path, quality=90)
+        sizes.append(os.path.getsize(path))
+    return sizes
+
+
+def make_jpeg_folder(root: Path, n_train: int, n_val: int, size=(500, 375), classes: int = 100, workers: int = 16):
+    """train/ and val/ ImageFolders of photo-like `size` JPEGs at quality 90; returns their mean size in bytes."""
     from multiprocessing import Pool
 
-    files = sorted(Path(cifar_dir, "train").glob("*/*.jpg"))
-    if len(files) < n_train + n_val:
-        raise RuntimeError(f"{cifar_dir}/train has {len(files)} JPEGs, need {n_train + n_val}")
-    picks = [files[i] for i in torch.randperm(len(files), generator=torch.Generator().manual_seed(0)).tolist()]
-    jobs = []
-    for k, f in enumerate(picks[: n_train + n_val]):
-        d = root / ("train" if k < n_train else "val") / f.parent.name
+    files = []
+    for k in range(n_train + n_val):
+        d = root / ("train" if k < n_train else "val") / f"class{k % classes:03d}"
         d.mkdir(parents=True, exist_ok=True)
-        jobs.append((str(f), str(d / f.name), *size))
+        files.append((str(d / f"{k}.jpg"), *size))
     with Pool(workers) as pool:
-        sizes = pool.map(_upscale, jobs, chunksize=64)
+        sizes = sum(pool.map(_write_photos, [(i, files[i::workers]) for i in range(workers)]), [])
     return sum(sizes) / len(sizes)
 
 
-def bench_jpeg(args, device, rows):
-    """ResNet-50 on real JPEG files (the target: >= 4,500 img/s per GPU): the Pillow DataLoader path vs --gpu-decode
-    on the same ImageFolder of CIFAR images upscaled to 500x375 and re-encoded at quality 90."""
-    if not args.cifar_dir and not args.tiny:
-        raise RuntimeError("--only jpeg needs --cifar-dir (the CIFAR JPEG ImageFolder to upscale)")
-    root = Path(args.out) / "jpeg500"
-    cifar_dir, n_train, n_val, size = args.cifar_dir, args.jpeg_images, 512, (500, 375)
-    if args.tiny:  # a few made-up 32 px JPEGs in the CIFAR layout stand in for the real ones
-        import PIL.Image
+def pixel_check(root: Path, device: torch.device, decoder: str, tmp: Path) -> dict:
+    """Decode files with ``GpuTransform``'s decoders and compare with Pillow (mean absolute difference, 8-bit
+    levels): 32 of the benchmark's files plus one each of progressive, grayscale, CMYK and PNG-named-.jpg, which
+    take the fallback decoders. Returns the worst difference and the images each decoder took."""
+    import numpy as np
+    import PIL.Image
 
-        cifar_dir, n_train, n_val, size = str(Path(args.out) / "cifar"), 16, 8, (40, 30)
-        for i in range(24):
-            d = Path(cifar_dir, "train", f"class{i % 2}")
-            d.mkdir(parents=True, exist_ok=True)
-            PIL.Image.new("RGB", (32, 32), (40 * i % 256, 200 * (i % 2), 90)).save(d / f"{i}.jpg", quality=90)
+    from imagenet.gpu_decode import EncodedImages, GpuTransform, collate_encoded, decode
+
+    files = sorted(str(f) for f in (root / "train").glob("*/*.jpg"))[:32]
+    base = PIL.Image.open(files[0])
+    specials = [
+        ("progressive.jpg", base, {"progressive": True, "quality": 90}),
+        ("png_named.jpg", base, {"format": "PNG"}),
+        ("gray.jpg", base.convert("L"), {"quality": 90}),
+        ("cmyk.jpg", base.convert("CMYK"), {"quality": 90}),
+    ]
+    for name, im, kw in specials:
+        im.save(tmp / name, **kw)
+        files.append(str(tmp / name))
+    tf = GpuTransform(device, 224, decoder=decoder)
+    ds = EncodedImages([(f, 0) for f in files])
+    images, keep, bad = decode(collate_encoded([ds[i] for i in range(len(files))]), device, tf.nvdec, tf.counts)
+    mads = [
+        (img.cpu().float() - torch.from_numpy(np.array(PIL.Image.open(files[k]).convert("RGB"))).permute(2, 0, 1))
+        .abs()
+        .mean()
+        .item()
+        for img, k in zip(images, keep)
+    ]
+    return {"max_mad_vs_pillow": max(mads), "decoded": len(images), "of": len(files), "bad": bad, **tf.counts}
+
+
+def profile_gpu_decode(args, root: Path, device, decoder: str, steps: int = 8) -> dict:
+    """Where the GPU time goes with --gpu-decode: a compiled bf16 ResNet-50 step fed by the real pipeline
+    (DataLoader of file bytes, GpuTransform, prefetch's side stream) under torch.profiler, against the same
+    step on one resident batch. Kernel time is summed per CUDA stream from the trace: the training stream, the
+    side stream's crops and resizes, and the decoder's own streams. Writes the summary and the trace to --out."""
+    import torchvision
+    from torch.profiler import ProfilerActivity, profile
+
+    from common.data import ResumableDistributedSampler
+    from imagenet.gpu_decode import EncodedImages, GpuTransform, collate_encoded, prefetch
+
+    ds = torchvision.datasets.ImageFolder(str(root / "train"))
+    sampler = ResumableDistributedSampler(len(ds), seed=0)
+    loader = torch.utils.data.DataLoader(
+        EncodedImages(ds.samples, 0), args.rn50_batch, sampler=sampler, num_workers=args.gpu_decode_workers,
+        collate_fn=collate_encoded, pin_memory=True, drop_last=True, persistent_workers=True,
+    )  # fmt: skip
+    model = torchvision.models.resnet50(num_classes=len(ds.classes)).to(device, memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    fwd = torch.compile(model)
+
+    def step(x, y):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            F.cross_entropy(fwd(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    batches = prefetch(loader, GpuTransform(device, 224, decoder=decoder))
+    for _ in range(5):  # compile and warm up
+        x, y, _ = next(batches)
+        step(x, y)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            x, y, _ = next(batches)
+            step(x, y)
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / steps
+    batches.close()
+    x, y = x.clone(), y.clone()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step(x, y)
+    torch.cuda.synchronize()
+    resident = (time.perf_counter() - t0) / steps
+    trace = Path(args.out) / f"trace_gpu_decode_{decoder}.json"
+    prof.export_chrome_trace(str(trace))
+    per_stream: dict = {}
+    for e in json.loads(trace.read_text())["traceEvents"]:
+        if e.get("cat") == "kernel":
+            sid = e["args"].get("stream")
+            per_stream[sid] = per_stream.get(sid, 0.0) + e["dur"] / 1e3 / steps
+    main_ms = max(per_stream.values()) if per_stream else 0.0  # the training stream has by far the most
+    summary = {
+        "wall_ms_per_step": round(wall * 1e3, 2),
+        "resident_batch_ms_per_step": round(resident * 1e3, 2),
+        "kernel_ms_per_step_by_stream": {
+            str(k): round(v, 2) for k, v in sorted(per_stream.items(), key=lambda kv: -kv[1])
+        },
+        "training_stream_kernel_ms": round(main_ms, 2),
+        "other_streams_kernel_ms": round(sum(per_stream.values()) - main_ms, 2),
+    }
+    top = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25)
+    (Path(args.out) / f"profile_gpu_decode_{decoder}.txt").write_text(json.dumps(summary, indent=1) + "\n" + top)
+    print(json.dumps(summary), file=sys.stderr)
+    return summary
+
+
+def bench_jpeg(args, device, rows):
+    """ResNet-50 on real JPEG files, ImageNet-sized (500x375, ~100 KB at quality 90, photo-like texture), every data
+    path in the same run: --dummy (no data path), the Pillow DataLoader, --gpu-decode with torchvision's nvJPEG
+    and with nvImageCodec's hardware decoders, and the pytorch/examples main.py configuration (Pillow, fp32,
+    eager) as the user's baseline. Each row also reports CPU cores busy and GPU SM utilisation."""
+    root, n_train, n_val, size = Path(args.out) / "jpeg500", args.jpeg_images, 512, (500, 375)
+    if args.tiny:
+        n_train, n_val, size = 16, 8, (40, 30)
     t0 = time.time()
-    mean_bytes = make_jpeg_folder(cifar_dir, root, n_train, n_val, size, workers=args.workers)
+    mean_bytes = make_jpeg_folder(root, n_train, n_val, size, classes=100 if not args.tiny else 2, workers=args.workers)
     what = f"{n_train} JPEGs of {size[0]}x{size[1]} q90 ({mean_bytes / 1e3:.0f} KB)"
     print(f"[jpeg] {what} + {n_val} for val in {time.time() - t0:.0f}s", file=sys.stderr)
-    b = args.rn50_batch if not args.tiny else 4
-    for name, flags in [("Pillow DataLoader", []), ("--gpu-decode", ["--gpu-decode"])]:
+    cuda = device.type == "cuda"
+    decoders = ["torchvision", "nvimgcodec"] if cuda else ["torchvision"]
+    checks = {d: pixel_check(root, device, d, Path(args.out)) for d in decoders}
+    print(f"[jpeg] pixel check against Pillow: {checks}", file=sys.stderr)
+    b, j, jg = (args.rn50_batch, str(args.workers), str(args.gpu_decode_workers)) if not args.tiny else (4, "0", "0")
+    fast = ["--amp", "bf16", "--channels-last", "--compile"] if cuda and not args.tiny else []
+    gpu_rows = [
+        (f"--gpu-decode --gpu-decoder {d}", ["--gpu-decode", "--gpu-decoder", d, "-j", jg, *fast]) for d in decoders
+    ]
+    configs = [  # most telling first, so that a run stopped by a time limit keeps them (Results writes every row)
+        ("--dummy (no data path)", ["--dummy", "--dummy-sizes", str(n_train), str(n_val), "-j", j, *fast]),
+        *gpu_rows[::-1],
+        (
+            "pytorch/examples main.py configuration: Pillow, fp32, eager",
+            ["-j", j, "--amp", "none", "--no-channels-last"],
+        ),
+        ("Pillow DataLoader", ["-j", j, *fast]),
+    ]
+    if args.tiny:  # a smoke test of the two data paths; the others are the same script with other flags
+        configs = [configs[-1], configs[1]]
+    for name, flags in configs:
         out = Path(args.out) / f"jpeg_{len(rows)}"
-        cmd = [sys.executable, "imagenet/train.py", str(root), "-a", "resnet50", "-b", str(b), "--epochs", "1",
-               "-p", "10", "-j", str(args.workers), "--output-dir", str(out), "--resume", "none", *flags]  # fmt: skip
+        data = [] if "--dummy" in flags else [str(root)]
+        cmd = [sys.executable, "imagenet/train.py", *data, "-a", "resnet50", "-b", str(b), "--epochs", "1",
+               "-p", "10", "--output-dir", str(out), "--resume", "none", *flags]  # fmt: skip
         if args.tiny:
-            cmd += ["--max-steps", "3", "-p", "1", "-j", "0", "--train-crop-size", "32", "--val-resize-size", "36",
+            cmd += ["--max-steps", "3", "-p", "1", "--train-crop-size", "32", "--val-resize-size", "36",
                     "--val-crop-size", "32"]  # fmt: skip
-        else:
-            cmd += ["--amp", "bf16", "--channels-last", "--compile"]
-        what_run = f"imagenet/train.py ResNet-50, {what}, {name}"
-        rows.append(script_row("jpeg", what_run, cmd, out, "img_per_s", 2 if not args.tiny else 1, batch=b))
+        what_run = f"imagenet/train.py ResNet-50, {what}, {name}" + (
+            ", bf16 + channels_last + compile" * ("--compile" in flags)
+        )
+        row = script_row("jpeg", what_run, cmd, out, "img_per_s", 2 if not args.tiny else 1, monitor=True, batch=b)
+        decoder = flags[flags.index("--gpu-decoder") + 1] if "--gpu-decoder" in flags else None
+        if decoder is not None:
+            row["pixel_check"] = checks[decoder]
+            stdout = (out / "stdout.txt").read_text() if (out / "stdout.txt").exists() else ""
+            row["decoded"] = next((ln for ln in stdout.splitlines() if " decoded (rank 0): " in ln), "")
+            if decoder == "nvimgcodec" and not args.tiny and args.jpeg_profile:
+                try:
+                    row["profile"] = profile_gpu_decode(args, root, device, decoder)
+                except Exception as e:  # the profile is extra: keep the timing row
+                    row["profile"] = f"FAILED: {e}"
+                torch.cuda.empty_cache()
+        rows.append(row)
 
 
 def build_transformer(preset: str, vocab: int, dropout: float | None = None) -> nn.Module:
@@ -453,7 +693,8 @@ class Results(list):
 
 def to_markdown(env: dict, rows: list[dict]) -> str:
     lines = [f"Device: {env.get('gpu', 'CPU')} x{env['gpu_count']}; torch {env['torch']}, CUDA {env['cuda']}", ""]
-    cols = ["bench", "what", "batch", "img_per_s", "tok_per_s", "epoch_s", "mfu", "wall", "cmd"]
+    cols = ["bench", "what", "batch", "img_per_s", "tok_per_s", "epoch_s", "mfu", "cpu_cores", "sm_util", "gpu_util",
+            "jpg_util", "wall", "cmd"]  # fmt: skip
     cols = [c for c in cols if any(c in r for r in rows)]
     lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
@@ -483,7 +724,9 @@ def main() -> None:
     p.add_argument("--script-steps", type=int, default=60, help="--max-steps for script measurements")
     p.add_argument("--rn50-batch", type=int, default=256)
     p.add_argument("--rn50-configs", default="fp32,bf16cl,compile", help="ResNet-50 subset of: fp32,bf16cl,compile")
-    p.add_argument("--jpeg-images", type=int, default=25600, help="training JPEGs for the jpeg benchmark")
+    p.add_argument("--jpeg-images", type=int, default=20480, help="training JPEGs for the jpeg benchmark")
+    p.add_argument("--gpu-decode-workers", type=int, default=8, help="-j of the jpeg benchmark's --gpu-decode rows")
+    p.add_argument("--jpeg-profile", action=argparse.BooleanOptionalAction, default=True, help="profile --gpu-decode")
     p.add_argument("--cifar-dir", default=None, help="CIFAR ImageFolder (train/<class>/*.jpg); default: --synthetic")
     p.add_argument("--multi30k", default=None, help="Multi30k dir ({split}.{lang}.gz); default: --synthetic")
     p.add_argument(

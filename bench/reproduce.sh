@@ -84,8 +84,7 @@ rn50)
   done
   ;;
 jpeg)
-  cifar_data
-  python3 bench/benchmark.py --only jpeg --cifar-dir /tmp/c --out "$out/jpeg"
+  python3 bench/benchmark.py --only jpeg --out "$out/jpeg"
   ;;
 cifar)
   cifar_data

@@ -1,13 +1,26 @@
 """GPU JPEG data path for ImageFolder training (``--gpu-decode``).
 
 Pillow decodes about 150-300 images/s per CPU core, so 16 cores feed a GPU less than it trains. Here the
-DataLoader workers only read files and draw each sample's random crop; decoding (nvJPEG, through
-``torchvision.io.decode_jpeg``), crop, resize, flip and normalize run batched on the device:
+DataLoader workers only read files and draw each sample's random crop; decoding, crop, resize, flip and
+normalize run batched on the device, one batch ahead of the training step, on a side CUDA stream:
 
     loader = DataLoader(EncodedImages(ds.samples, seed), batch_size, sampler=..., collate_fn=collate_encoded)
     to_device = GpuTransform(device, crop_size=224)  # evaluation: GpuTransform(device, 224, resize_size=256)
     for x, y, bad in prefetch(loader, to_device):  # bad: ["PATH (why)", ...], files left out of x and y
         ...
+
+Decoders (``GpuTransform(decoder=...)``, train.py's ``--gpu-decoder``):
+- ``torchvision`` (default): one batched ``torchvision.io.decode_jpeg(device="cuda")`` call per batch. nvJPEG
+  picks its backend: on an H100 the JPEG engines were busy (NVML) while it ran, so it uses the hardware
+  decoders too. It needs no extra package, returns only once the whole GPU is idle (hence ``prefetch``'s
+  thread), and torchvision 0.29 deprecates it. On a CPU device (the tests) it is libjpeg on the CPU.
+- ``nvimgcodec``: NVIDIA nvImageCodec (``pip install -r requirements-gpu.txt``). Baseline JPEGs go to the
+  hardware JPEG decoders (NVJPG engines of A100, H100, H200...), what they reject (progressive JPEGs, rare
+  chroma subsamplings) to nvJPEG's CUDA decoder; it decodes straight into memory from torch's allocator on the
+  side stream, so no foreign allocation outlives its stream, and its pixels equal libjpeg's (Pillow's) within
+  0.04 of a level on average. Measured slower than ``torchvision`` while training (imagenet/README.md says why).
+Files no GPU decoder takes (PNGs named .JPEG, CMYK JPEGs, files cut short) are decoded on the CPU and copied.
+``GpuTransform.counts`` counts the images each decoder took.
 
 The augmentation equals the CPU path's sample by sample, not only in distribution: sample ``(epoch, i)`` draws
 its box and flip from a generator seeded with ``mix_seed(seed, epoch, i)``, with the same calls in the same
@@ -17,23 +30,26 @@ order as ``SeededDataset`` + ``RandomResizedCrop`` + ``RandomHorizontalFlip``. O
 
 from __future__ import annotations
 
+import functools
 import io
 import math
+import os
 import queue
 import re
 import threading
 import warnings
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import PIL.Image
 import torch
-import torch.nn.functional as F
 import torchvision
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
 from common.distributed import mix_seed
+from common.errors import UserError
 from imagenet.data import MEAN, STD
 
 Box = tuple[int, int, int, int, bool]  # top, left, height, width, flip
@@ -74,7 +90,7 @@ class Encoded(NamedTuple):
     label: int
     data: torch.Tensor | None  # the file's bytes, 1-D uint8; None if unreadable
     box: Box | None  # training only
-    nvjpeg: bool  # for nvJPEG, else for the CPU decoder (see EncodedImages)
+    route: str  # the first decoder to try: "hw" (baseline JPEG), "cuda" (progressive JPEG) or "cpu" (see EncodedImages)
     error: str | None  # "PATH (why)" if unreadable
 
 
@@ -86,9 +102,10 @@ class EncodedImages(torch.utils.data.Dataset):
     training process: the ~15 small torch calls (40-70 us) per sample would otherwise cost 10-18 ms per batch
     of 256 on the one Python thread that drives the GPU.
 
-    PIL reads the header without decoding: the size, and whether nvJPEG can take the file. A PNG under a
-    .JPEG name and CMYK JPEGs (ImageNet has both) go to the CPU decoder rather than failing nvJPEG's batch,
-    and so does a JPEG without its end marker, because nvJPEG decodes a file cut short without a word.
+    PIL reads the header without decoding: the size, and which decoder should take the file (``route``).
+    Baseline RGB or grayscale JPEGs go to the hardware decoder, progressive ones to nvJPEG's CUDA decoder
+    (the hardware rejects them). A PNG under a .JPEG name and CMYK JPEGs (ImageNet has both) go to the CPU
+    decoder, and so does a JPEG without its end marker, because nvJPEG decodes a file cut short without a word.
     """
 
     def __init__(self, samples: Sequence[tuple[str, int]], seed: int = 0, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
@@ -103,17 +120,18 @@ class EncodedImages(torch.utils.data.Dataset):
         try:
             data = torchvision.io.read_file(path)
             with PIL.Image.open(io.BytesIO(data.numpy())) as im:
-                (width, height), nvjpeg = im.size, im.format == "JPEG" and im.mode in ("RGB", "L")
+                (width, height), jpeg = im.size, im.format == "JPEG" and im.mode in ("RGB", "L")
+                progressive = bool(im.info.get("progressive"))
         except (OSError, RuntimeError) as e:  # missing, unreadable, or not an image PIL can identify
             why = "not an image PIL can identify" if isinstance(e, PIL.UnidentifiedImageError) else str(e)
-            return Encoded(path, label, None, None, False, f"{path} ({why.splitlines()[0][:120]})")
-        nvjpeg = nvjpeg and _has_end_marker(data)
+            return Encoded(path, label, None, None, "cpu", f"{path} ({why.splitlines()[0][:120]})")
+        route = ("cuda" if progressive else "hw") if jpeg and _has_end_marker(data) else "cpu"
         if epoch is None:
-            return Encoded(path, label, data, None, nvjpeg, None)
+            return Encoded(path, label, data, None, route, None)
         g = torch.Generator().manual_seed(mix_seed(self.seed, epoch, i))
         box = random_resized_crop_box(height, width, g, self.scale, self.ratio)
         flip = torch.rand(1, generator=g).item() < 0.5  # RandomHorizontalFlip's draw, right after the crop's
-        return Encoded(path, label, data, (*box, flip), nvjpeg, None)
+        return Encoded(path, label, data, (*box, flip), route, None)
 
 
 def _has_end_marker(data: torch.Tensor) -> bool:
@@ -128,7 +146,7 @@ class EncodedBatch:
     sizes: list[int]  # bytes per file
     labels: torch.Tensor  # (n,) int64
     paths: list[str]  # to name the file when decoding fails
-    nvjpeg: list[bool]  # for nvJPEG; the others decode on the CPU
+    routes: list[str]  # "hw", "cuda" or "cpu": Encoded.route
     boxes: list[Box | None]  # None for evaluation
     bad: list[str]  # "PATH (why)" of the files the worker could not read
 
@@ -137,7 +155,7 @@ class EncodedBatch:
 
     def pin_memory(self) -> EncodedBatch:
         # DataLoader(pin_memory=True) calls this. Pinned labels reach the GPU without a stream sync; the file
-        # bytes stay pageable, since nvJPEG parses them on the host anyway.
+        # bytes stay pageable, since the decoders parse them on the host anyway.
         self.labels = self.labels.pin_memory()
         return self
 
@@ -149,7 +167,7 @@ def collate_encoded(samples: list[Encoded]) -> EncodedBatch:
         sizes=[len(s.data) for s in good],
         labels=torch.tensor([s.label for s in good], dtype=torch.int64),
         paths=[s.path for s in good],
-        nvjpeg=[s.nvjpeg for s in good],
+        routes=[s.route for s in good],
         boxes=[s.box for s in good],
         bad=[s.error for s in samples if s.error is not None],
     )
@@ -160,39 +178,131 @@ def _why(e: Exception) -> str:
     return re.sub(r"^\w+, \S+:\d+, ", "", str(e).splitlines()[0]).split(". ")[0][:120]
 
 
-def decode(batch: EncodedBatch, device: torch.device | str) -> tuple[list[torch.Tensor], list[int], list[str]]:
+DECODERS = ("torchvision", "nvimgcodec")
+
+
+def import_nvimgcodec():
+    """``nvidia.nvimgcodec``, or a UserError naming the pip command if it is not installed."""
+    os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "1")  # errors only: a file the hardware rejects is retried
+    # Its import prints two paragraphs about the JPEG 2000 and TIFF libraries it did not find, which we do not
+    # need; they come from C++, so silence the process's stderr (fd 2) for the import only.
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            from nvidia import nvimgcodec
+    except ImportError:
+        raise UserError("nvImageCodec is not installed (pip install -r requirements-gpu.txt)") from None
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    return nvimgcodec
+
+
+class NvImageCodec:
+    """nvImageCodec's JPEG decoders on one GPU: the hardware one (None where the GPU has no NVJPG engine) and
+    nvJPEG's CUDA one for the files the hardware rejects."""
+
+    def __init__(self, device: torch.device):
+        nv = self.nv = import_nvimgcodec()
+        self.device = device
+        index = device.index if device.index is not None else torch.cuda.current_device()
+
+        def make(kind):
+            try:
+                return nv.Decoder(device_id=index, backends=[nv.Backend(kind)])
+            except RuntimeError:  # no decoder of that kind here: no NVJPG engine, or no nvJPEG library
+                return None
+
+        self.hw, self.cuda = make(nv.HW_GPU_ONLY), make(nv.HYBRID_CPU_GPU)  # nvJPEG's CUDA decoder is "hybrid"
+        if self.cuda is None:
+            raise UserError("nvImageCodec finds no nvJPEG library (pip install -r requirements-gpu.txt)")
+        # what Pillow gives: no EXIF rotation (ImageFolder's loader applies none), RGB, planar (3, H, W)
+        self.params = nv.DecodeParams(apply_exif_orientation=False, color_spec=nv.SRGB, sample_format=nv.P_RGB)
+
+    def __call__(self, files: list[torch.Tensor], routes: list[str], counts: Counter) -> dict[int, torch.Tensor]:
+        """Decode the files whose route is "hw" or "cuda", queued on the current stream; returns {index: image}.
+
+        The images are views of one uint8 buffer per batch from torch's allocator, made on the current stream:
+        torch frees it once the crops are done, in the stream's order, and nothing else owns GPU memory.
+        """
+        nv, todo = self.nv, {"hw": [], "cuda": []}
+        for k, r in enumerate(routes):
+            if r != "cpu":
+                todo["hw" if r == "hw" and self.hw is not None else "cuda"].append(k)
+        if not todo["hw"] and not todo["cuda"]:
+            return {}
+        streams = {}
+        for k in todo["hw"] + todo["cuda"]:
+            try:
+                streams[k] = nv.CodeStream(files[k].numpy())  # parses the header
+            except RuntimeError:  # a header PIL reads but nvImageCodec does not: the CPU decoder says why
+                todo["hw" if k in todo["hw"] else "cuda"].remove(k)
+        sizes = [(3, cs.height, cs.width) for cs in streams.values()]
+        buf = torch.empty(sum(math.prod(z) for z in sizes), dtype=torch.uint8, device=self.device)
+        out = {k: b.view(z) for k, b, z in zip(streams, buf.split([math.prod(z) for z in sizes]), sizes)}
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        images = {}
+        for name, decoder in (("hw", self.hw), ("cuda", self.cuda)):
+            if not todo[name]:
+                continue
+            targets = nv.as_images([out[k] for k in todo[name]], stream, sample_format=nv.P_RGB)
+            done = decoder.decode([streams[k] for k in todo[name]], images=targets, params=self.params,
+                                  cuda_stream=stream)  # fmt: skip
+            for k, img in zip(todo[name], done):
+                if img is not None:
+                    images[k] = out[k]
+                    counts[name] += 1
+                elif name == "hw":  # e.g. a chroma subsampling the engine lacks: try CUDA
+                    todo["cuda"].append(k)
+        return images
+
+
+@functools.cache
+def nvimgcodec_decoders(device: torch.device) -> NvImageCodec:
+    return NvImageCodec(device)  # one set per GPU, shared by the training and the evaluation transform
+
+
+def decode(
+    batch: EncodedBatch, device: torch.device | str, nvdec: NvImageCodec | None = None, counts: Counter | None = None
+) -> tuple[list[torch.Tensor], list[int], list[str]]:
     """Decode to (3, H, W) uint8 images on ``device``; returns (images, their indices in the batch, bad).
 
-    The files nvJPEG can take go to one batched ``decode_jpeg`` call, the rest to the CPU's ``decode_image``
-    (libjpeg, libpng). If the batched call fails, its files are decoded one by one to find the bad one, on
-    the CPU where the device refuses a file; what fails there too is "PATH (why)" in ``bad``.
+    With ``nvdec``, the files routed to the GPU go to nvImageCodec (hardware, then CUDA); without it, to one
+    batched ``torchvision.io.decode_jpeg`` call (nvJPEG on the SMs, or libjpeg on a CPU device), whose files are
+    decoded one by one if the batch fails. The rest, and what the GPU refuses, go to the CPU's ``decode_image``
+    (libjpeg, libpng); what fails there too is "PATH (why)" in ``bad``. ``counts[decoder]`` += images decoded.
     """
     files, device, bad = batch.files(), torch.device(device), list(batch.bad)
+    counts = Counter() if counts is None else counts
     images: dict[int, torch.Tensor] = {}
-    batched = [k for k, ok in enumerate(batch.nvjpeg) if ok]
-    if batched:
+    if nvdec is not None:
+        images.update(nvdec(files, batch.routes, counts))
+    elif batched := [k for k, r in enumerate(batch.routes) if r != "cpu"]:
         try:
             images.update(zip(batched, decode_jpeg([files[k] for k in batched], device=device, mode=RGB)))
+            counts["cuda" if device.type == "cuda" else "cpu"] += len(batched)
         except RuntimeError:
             pass
     for k in (k for k in range(len(files)) if k not in images):
         try:
-            images[k] = _decode_one(files[k], device, batch.nvjpeg[k])
+            images[k], where = _decode_one(files[k], device, nvdec is None and batch.routes[k] != "cpu")
+            counts[where] += 1
         except RuntimeError as e:
             bad.append(f"{batch.paths[k]} ({_why(e)})")
     keep = sorted(images)
     return [images[k] for k in keep], keep, bad
 
 
-def _decode_one(data: torch.Tensor, device: torch.device, nvjpeg: bool) -> torch.Tensor:
+def _decode_one(data: torch.Tensor, device: torch.device, nvjpeg: bool) -> tuple[torch.Tensor, str]:
     if nvjpeg and device.type == "cuda":
         try:
-            return decode_jpeg(data, device=device, mode=RGB)
+            return decode_jpeg(data, device=device, mode=RGB), "cuda"
         except RuntimeError:
             pass  # the CPU decoder may still read it, or says better why not
     img = decode_image(data, mode=RGB)
     # pinned, so the copy is queued on the stream instead of waiting for it
-    return img.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else img
+    return (img.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else img), "cpu"
 
 
 class GpuTransform:
@@ -202,8 +312,10 @@ class GpuTransform:
 
     Training (``resize_size=None``): crop each image to its box, resize to crop_size², flip where drawn.
     Evaluation: resize the shorter side to ``resize_size``, keep the centre crop_size² (T.Resize + T.CenterCrop).
-    Per batch it copies no constants and makes no host sync of its own, but nvJPEG's decode waits for the
-    device to be idle: call it through ``prefetch``.
+    ``decoder``: "torchvision" or "nvimgcodec" (see the module's docstring); ``self.counts``: how many images
+    each of hw (nvImageCodec's hardware decoder), cuda (nvJPEG through either) and cpu decoded.
+    Per batch it copies no constants and makes no host sync of its own, but decoding blocks the calling thread
+    (torchvision's until the whole device is idle): call it through ``prefetch``.
     """
 
     def __init__(
@@ -214,10 +326,17 @@ class GpuTransform:
         channels_last: bool = True,
         mean: Sequence[float] = MEAN,
         std: Sequence[float] = STD,
+        decoder: str = "torchvision",
     ):
         if resize_size is not None and resize_size < crop_size:
             raise ValueError(f"resize_size {resize_size} < crop_size {crop_size} (T.CenterCrop would pad)")
         self.device, self.size, self.resize_size = torch.device(device), crop_size, resize_size
+        if decoder not in DECODERS:
+            raise ValueError(f"decoder {decoder!r} is not one of {DECODERS}")
+        if decoder == "nvimgcodec" and self.device.type != "cuda":
+            raise UserError("--gpu-decoder nvimgcodec needs a CUDA device (torchvision's decodes on the CPU too)")
+        self.decoder, self.counts = decoder, Counter()
+        self.nvdec = nvimgcodec_decoders(self.device) if decoder == "nvimgcodec" else None
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         # (x / 255 - mean) / std == x * scale + shift: one fused kernel, constants copied to the device once
         mean_t, std_t = torch.tensor(mean).view(1, 3, 1, 1), torch.tensor(std).view(1, 3, 1, 1)
@@ -225,9 +344,10 @@ class GpuTransform:
         self.shift = (-mean_t / std_t).to(self.device)
 
     def __call__(self, batch: EncodedBatch) -> Batch:
-        images, keep, bad = decode(batch, self.device)
+        images, keep, bad = decode(batch, self.device, self.nvdec, self.counts)
         if not images:
             return None, None, bad
+        # a few small kernels per image, launched from Python: this loop is the pipeline's main host cost
         if self.resize_size is None:
             crops = [self._train_crop(img, batch.boxes[k]) for img, k in zip(images, keep)]
         else:
@@ -239,8 +359,9 @@ class GpuTransform:
         return out, labels.to(self.device, non_blocking=True), bad
 
     def _resize(self, img: torch.Tensor, h: int, w: int) -> torch.Tensor:
-        # antialias=True is torch's port of Pillow's filter; Pillow rounds to uint8 after it, we stay in float
-        return F.interpolate(img[None].float(), size=(h, w), mode="bilinear", antialias=True, align_corners=False)
+        # F.interpolate(mode="bilinear", antialias=True), torch's port of Pillow's filter, minus its Python checks
+        # (about 20 us of host time per image, 5 ms per batch); Pillow rounds to uint8 after it, we stay in float
+        return torch.ops.aten._upsample_bilinear2d_aa(img[None].float(), (h, w), False)
 
     def _train_crop(self, img: torch.Tensor, box: Box | None) -> torch.Tensor:
         if box is None:
