@@ -71,8 +71,9 @@ def add_dist_args(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=DEFAULT_STALL_TIMEOUT,
         help="seconds without training progress (no batch, step, eval batch or checkpoint done) before a rank dumps "
-        "every thread's stack and exits with code 124 for the launcher to restart (0: off). The default covers a "
-        "first torch.compile (~6 min for a whole model) and NCCL init, and is twice --dist-timeout's",
+        "every thread's stack and exits with code 124 for the launcher to restart (0: off). The first step (worker "
+        "start-up, torch.compile: ~6 min for a whole model, NCCL init) gets at least 1200 s in any case. The "
+        "default is twice --dist-timeout's",
     )
 
 

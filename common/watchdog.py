@@ -33,6 +33,9 @@ STALL_EXIT_CODE = 124  # as timeout(1): the command ran out of time
 # MFU, 1 GPU"), and a first NCCL init takes seconds to a minute. It is also twice --dist-timeout's default (600 s),
 # so a collective that can time out on its own reports its own error first.
 DEFAULT_STALL_TIMEOUT = 1200.0
+# The first training step (DataLoader workers starting, a fork server importing torch, torch.compile, NCCL
+# communicators) gets at least this long whatever --stall-timeout says, so a short timeout watches the steady state.
+FIRST_STEP_TIMEOUT = 1200.0
 
 TRAIN_DATA = "waiting for the next training batch from the data loader"
 TRAIN_STEP = "in a training step (forward, backward with the gradient all-reduce, optimizer step, logging collectives)"
@@ -48,6 +51,7 @@ class Watchdog:
     def __init__(self, timeout: float, rank: int = 0, what: str = STARTING):
         self.timeout, self.rank = timeout, rank
         self.state = (time.monotonic(), what)  # one tuple, replaced whole: the thread never sees half an update
+        self.stepped = False  # True once a whole training step is done: from then on `timeout` applies
         self._stopped = threading.Event()
         self._poll = min(5.0, timeout / 4)
         if timeout > 0:
@@ -72,6 +76,7 @@ class Watchdog:
                 return
             self.state = (time.monotonic(), working)
             yield item
+            self.stepped = True
 
     def stop(self) -> None:
         self._stopped.set()
@@ -82,7 +87,7 @@ class Watchdog:
         while not self._stopped.wait(self._poll):
             since, what = self.state
             idle = time.monotonic() - since
-            if idle > self.timeout:
+            if idle > (self.timeout if self.stepped else max(self.timeout, FIRST_STEP_TIMEOUT)):
                 self._fire(idle, what)
             if not self._stopped.is_set():
                 self._arm_fallback()
@@ -90,7 +95,8 @@ class Watchdog:
     def _arm_fallback(self) -> None:
         """A fallback in C for a main thread stuck in C code that holds the GIL, where the watchdog thread cannot
         run: re-armed at every poll, it fires (stacks, then exit code 1) only after a whole timeout of missed polls."""
-        faulthandler.dump_traceback_later(self.timeout + self._poll, exit=True, file=2)
+        limit = self.timeout if self.stepped else max(self.timeout, FIRST_STEP_TIMEOUT)
+        faulthandler.dump_traceback_later(limit + self._poll, exit=True, file=2)
 
     def _fire(self, idle: float, what: str) -> None:
         """Stacks, then the one-line error, then exit. os._exit works where raising in the main thread would

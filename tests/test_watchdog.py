@@ -62,8 +62,13 @@ def rank_process_alive(launcher_pid, rank):
         return False
 
 
-def children(pid):
-    return [p for p, (ppid, _, _) in processes().items() if ppid == pid]
+def dataloader_workers(pid):
+    """DataLoader workers of train.py's process `pid`: the children of its fork server (common.data.worker_context),
+    or its own children where there is none."""
+    procs = processes()
+    children = [p for p, (ppid, cmd, _) in procs.items() if ppid == pid and b"resource_tracker" not in cmd]
+    servers = [p for p in children if b"forkserver" in procs[p][1]]
+    return [p for p, (ppid, _, _) in procs.items() if ppid in servers] or children
 
 
 def wait_for_train_step(out, step, proc, timeout=60):
@@ -99,7 +104,7 @@ def test_frozen_dataloader_worker_ends_the_run(data, tmp_path):
     try:
         wait_for_train_step(tmp_path, 2, proc)
         rank1 = rank_process(proc.pid, 1)
-        (worker,) = children(rank1)
+        (worker,) = dataloader_workers(rank1)
         os.kill(worker, signal.SIGSTOP)
         log, _ = proc.communicate(timeout=60)  # a worker left behind would hold the pipe open: a timeout
         assert proc.returncode != 0
@@ -148,10 +153,10 @@ def test_healthy_run_with_slow_steps_never_fires(data, tmp_path):
 
 
 def test_main_thread_holding_the_gil_still_ends():
-    """A C call that never releases the GIL starves the watchdog thread; faulthandler's C timer still dumps the
-    stacks and exits (no torch: common/watchdog.py needs the standard library only)."""
-    code = ("import ctypes, sys; sys.path.insert(0, sys.argv[1]); from common.watchdog import Watchdog; "
-            "Watchdog(1.0); ctypes.PyDLL(None).sleep(60)")  # fmt: skip
+    """After a first step, a C call that never releases the GIL starves the watchdog thread; faulthandler's C timer
+    still dumps the stacks and exits (no torch: common/watchdog.py needs the standard library only)."""
+    code = ("import ctypes, sys, time; sys.path.insert(0, sys.argv[1]); from common.watchdog import Watchdog; "
+            "w = Watchdog(1.0); list(w.batches(range(2))); time.sleep(0.6); ctypes.PyDLL(None).sleep(60)")  # fmt: skip
     t0 = time.time()
     p = subprocess.run([PY, "-c", code, str(REPO)], capture_output=True, text=True, timeout=30)
     assert p.returncode == 1 and time.time() - t0 < 15, (p.returncode, p.stderr)
