@@ -153,8 +153,7 @@ class CIFARPickles(torch.utils.data.Dataset):
                 raise UserError(f"cannot read CIFAR-10 batch {folder / name}: {e}") from None
             data.append(entry["data"])
             self.targets += entry["labels"]
-        # NHWC uint8, as a tensor: DataLoader workers then map it from shared memory instead of each copying it.
-        self.data = torch.from_numpy(np.concatenate(data).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).copy())
+        self.data = np.concatenate(data).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)  # NHWC uint8
         self.transform = transform
 
     def __len__(self) -> int:
@@ -163,7 +162,7 @@ class CIFARPickles(torch.utils.data.Dataset):
     def __getitem__(self, i: int):
         from PIL import Image
 
-        img = Image.fromarray(self.data[i].numpy())
+        img = Image.fromarray(self.data[i])
         return (self.transform(img) if self.transform else img), self.targets[i]
 
 

@@ -65,6 +65,8 @@ def test_copy_as_template_runs_unchanged(tmp_path):
             "4",
             "-j",
             "0",
+            "--eval-every",
+            "0",
             "--output-dir",
             "out",
         ],
@@ -83,7 +85,7 @@ def test_plot_metrics_renders_png(tmp_path):
 
 def test_wandb_offline_and_run_id_reused_on_resume(tmp_path):
     env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    cmd = [*TINY_CIFAR, "--output-dir", tmp_path, "--wandb"]
+    cmd = [*TINY_CIFAR, "--output-dir", tmp_path, "--wandb", "--eval-every", "0"]  # no 1000-image evaluation
     run([*cmd, "--max-steps", "2"], env=env)
     first = torch.load(tmp_path / "last.pt", weights_only=True)["wandb_id"]
     run([*cmd, "--max-steps", "4"], env=env)

@@ -309,12 +309,12 @@ class ParallelDataset(Dataset):
         return self.src[i], self.tgt[i]
 
     def __getstate__(self) -> dict:
-        # To a DataLoader worker as four tensors in shared memory, not one shared-memory file per sentence.
-        return {k: (torch.cat(v), torch.tensor([len(t) for t in v])) for k, v in vars(self).items()}
+        # To a DataLoader worker (started by a fork server) as two flat arrays, not one tensor per sentence.
+        return {k: (torch.cat(v).numpy(), [len(t) for t in v]) for k, v in vars(self).items()}
 
     def __setstate__(self, state: dict) -> None:
         for k, (flat, lengths) in state.items():
-            setattr(self, k, list(flat.split(lengths.tolist())))
+            setattr(self, k, list(torch.from_numpy(flat).split(lengths)))
 
 
 def pad_batch(seqs: list[list[int]]) -> torch.Tensor:
