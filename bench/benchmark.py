@@ -461,9 +461,11 @@ def bench_transformer(args, device, rows):
                    "--eval-every", "0", "-j", str(args.tr_workers) if not args.tiny else "0",
                    "--output-dir", str(out), "--resume", "none"]  # fmt: skip
             cmd += ["--compile"] if "compile" in opts else []
+            cmd += ["--compile-mode", "reduce-overhead"] if "cudagraphs" in opts else []
             cmd += ["--cudnn-attention"] if "cudnn" in opts else []
             cmd += ["--vocab-size", str(vocab)] if not args.tiny else []
-            compiled = ", compile" * ("compile" in opts) + ", cuDNN attention" * ("cudnn" in opts)
+            compiled = ", compile" * ("compile" in opts) + ", CUDA graphs" * ("cudagraphs" in opts)
+            compiled += ", cuDNN attention" * ("cudnn" in opts)
             what = f"transformer/train.py {preset}, {tokens} tok/GPU, {nproc} GPU(s), bf16{compiled}"
             row = script_row("transformer", what, cmd, out, "tok_per_s", 3 if not args.tiny else 1)
             if "tok_per_s" in row and device.type == "cuda":

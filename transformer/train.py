@@ -89,6 +89,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--d-ff", type=int, default=None, help="override the preset's feed-forward width")
     g.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
     g.add_argument("--compile", action="store_true", help="torch.compile the training model (one static shape)")
+    g.add_argument("--compile-mode", default=None, help="torch.compile mode, e.g. reduce-overhead (CUDA graphs)")
     g.add_argument(
         "--cudnn-attention",
         action="store_true",
@@ -289,7 +290,7 @@ def main(args: argparse.Namespace) -> None:
     if args.compile:
         # Packed batches all have one shape: the whole model (block masks included) compiles once. Compiling the DDP
         # model lets the compiler split the graph at DDP's gradient buckets, so all-reduces overlap the backward.
-        model = torch.compile(model, dynamic=False)
+        model = torch.compile(model, dynamic=False, mode=args.compile_mode)
         token_loss = torch.compile(token_loss, dynamic=False)
 
     # ---- optimizer and LR schedule (a pure function of the step)
