@@ -30,7 +30,7 @@ from transformer.data import (  # noqa: E402
     synthetic_corpus,
     train_tokenizer,
 )
-from transformer.model import ModelConfig, Transformer, generate, padding_mask  # noqa: E402
+from transformer.model import PRESETS, ModelConfig, Transformer, generate, padding_mask  # noqa: E402
 
 TRAIN = str(REPO / "transformer" / "train.py")
 TRANSLATE = str(REPO / "transformer" / "translate.py")
@@ -344,8 +344,9 @@ def test_hf_column_layouts(tmp_path):
 def test_tiny_model_learns_synthetic_translation(tmp_path):
     out = tmp_path / "run"
     run(
-        [PY, TRAIN, "--synthetic", "--preset", "tiny", "--max-tokens", "1024", "--accum-steps", "2", "--lr", "1e-3",
-         "--warmup-steps", "100", "--max-steps", "400", "--eval-every", "1000", "-j", "0", "--output-dir", out],
+        [PY, TRAIN, "--synthetic", "--preset", "tiny", "--max-tokens", "1024", "--pack-len", "128",
+         "--accum-steps", "2", "--lr", "1e-3", "--warmup-steps", "100", "--max-steps", "400", "--eval-every", "1000",
+         "-j", "0", "--output-dir", out],
         timeout=240,
     )  # fmt: skip
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -424,12 +425,27 @@ def test_resume_continues_identically(ddp_runs):
 
 
 @pytest.mark.slow
+def test_two_processes_equal_one_with_twice_the_rows(tmp_path):
+    """DDP: 2 processes of 2 rows each train the same parameters as 1 process of 4 rows, since both deal the same
+    rows to each step (dropout 0: its masks are seeded per rank)."""
+    args = [TRAIN, "--synthetic", "--preset", "tiny", "--pack-len", "64", "--max-steps", "3", "--eval-every", "0",
+            "-j", "0", "--lr", "1e-3", "--warmup-steps", "2", "--resume", "none"]  # fmt: skip
+    torchrun(2, *args, "--max-tokens", "128", "--output-dir", tmp_path / "two", timeout=180)
+    run([PY, *args, "--max-tokens", "256", "--output-dir", tmp_path / "one"], timeout=180)
+    two, one = (torch.load(tmp_path / d / "last.pt", weights_only=True)["model"] for d in ("two", "one"))
+    start = Transformer(ModelConfig(vocab_size=two["embed.weight"].shape[0], **PRESETS["tiny"])).state_dict()
+    assert not torch.allclose(two["embed.weight"], start["embed.weight"])  # it trained
+    for k in two:
+        torch.testing.assert_close(two[k], one[k], rtol=1e-4, atol=1e-6, msg=k)
+
+
+@pytest.mark.slow
 def test_compiled_model_and_loss_train_like_eager_under_ddp(tmp_path):
     """--compile compiles each layer and the loss (dynamic shapes) inside the DDP model; with 2 processes and
     gradient accumulation (no_sync on the first micro-batch) the logged losses match the eager run's. The compiled
     run also takes --eval-every 0: no evaluation, no best.pt."""
-    args = [TRAIN, "--synthetic", "--preset", "tiny", "--max-tokens", "512", "--max-steps", "4", "-p", "2",
-            "--accum-steps", "2", "--eval-every", "1000", "-j", "0", "--resume", "none"]  # fmt: skip
+    args = [TRAIN, "--synthetic", "--preset", "tiny", "--max-tokens", "512", "--pack-len", "128", "--max-steps", "4",
+            "-p", "2", "--accum-steps", "2", "--eval-every", "1000", "-j", "0", "--resume", "none"]  # fmt: skip
     losses = {}
     splits = {}
     for name, extra in (("eager", []), ("compiled", ["--compile", "--eval-every", "0"])):
