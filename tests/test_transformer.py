@@ -435,8 +435,9 @@ def test_two_processes_equal_one_with_twice_the_rows(tmp_path):
     two, one = (torch.load(tmp_path / d / "last.pt", weights_only=True)["model"] for d in ("two", "one"))
     start = Transformer(ModelConfig(vocab_size=two["embed.weight"].shape[0], **PRESETS["tiny"])).state_dict()
     assert not torch.allclose(two["embed.weight"], start["embed.weight"])  # it trained
-    for k in two:
-        torch.testing.assert_close(two[k], one[k], rtol=1e-4, atol=1e-6, msg=k)
+    for k in two:  # the key bias cannot change attention, so its exact gradient is 0 and Adam amplifies rounding noise
+        a, b = (two[k][64:], one[k][64:]) if k.endswith("kv.bias") else (two[k], one[k])
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=k)
 
 
 @pytest.mark.slow
