@@ -344,7 +344,7 @@ def test_hf_column_layouts(tmp_path):
 def test_tiny_model_learns_synthetic_translation(tmp_path):
     out = tmp_path / "run"
     run(
-        [PY, TRAIN, "--synthetic", "--preset", "tiny", "--max-tokens", "1024", "--pack-len", "128",
+        [PY, TRAIN, "--synthetic", "--preset", "tiny", "--max-tokens", "1024", "--pack-len", "64",
          "--accum-steps", "2", "--lr", "1e-3", "--warmup-steps", "100", "--max-steps", "400", "--eval-every", "1000",
          "-j", "0", "--output-dir", out],
         timeout=240,

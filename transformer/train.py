@@ -234,6 +234,8 @@ def main(args: argparse.Namespace) -> None:
     n_long = len(ids["train"][0]) - len(keep)
     train_src, train_tgt = [ids["train"][0][i] for i in keep], [ids["train"][1][i] for i in keep]
     print0(f"vocab {tok.get_vocab_size()} ({args.tokenizer}); dropped {n_long} training pairs over {max_len} tokens")
+    if not train_src:
+        raise UserError(f"no training pair fits in {max_len} tokens (raise --max-len or --pack-len)")
     limit = ModelConfig.max_positions - 1  # the decoder also needs room for <s>
     eval_sets = {
         k: ([s[:limit] for s in ids[k][0]], [t[:limit] for t in ids[k][1]], *splits[k])
