@@ -19,6 +19,7 @@ the bare loop it is compared with. Throughput is the median over timed windows a
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -525,41 +526,79 @@ def baseline_transformer_step(preset: str, vocab: int, pad_to: int, batch: int, 
 
 
 def bare_transformer_step(preset: str, vocab: int, tokens: int, length: int, device, opts: list[str]):
-    """The ceiling: the same model on a full batch of `tokens // length` pairs of equal length (no padding),
-    bf16 autocast, fused AdamW. opts: "compile" compiles the model, "lossc" compiles model and loss together
-    (the cross-entropy over the vocabulary fuses too), "regional" compiles each layer and the loss apart (as
-    transformer/train.py does), "nodrop" sets dropout to 0 (what dropout costs); "cudnn"
+    """The ceiling: the same model on `tokens` target tokens per step, bf16 autocast, fused AdamW. Without "packed"
+    in opts: a full batch of `tokens // length` pairs of equal length (no padding), the unpacked model path. With
+    "packed": rows of `length` tokens packed with pairs of Multi30k-like lengths (8-23 tokens a side, drawn
+    independently), document masks (FlexAttention), as transformer/train.py trains; only real target tokens count.
+    opts: "compile" compiles the model, "lossc" compiles model and loss together (the cross-entropy over the
+    vocabulary fuses too), "regional" compiles each layer and the loss apart, "cudagraphs" adds
+    mode="reduce-overhead" to "compile"/"lossc", "nodrop" sets dropout to 0 (what dropout costs); "cudnn"
     (bare_transformer_row) lets attention use cuDNN.
     Returns (step, target tokens per step)."""
     model = build_transformer(preset, vocab, dropout=0.0 if "nodrop" in opts else None).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
-    b = max(1, tokens // length)
-    src = torch.randint(4, vocab, (b, length), device=device)
-    tgt = torch.randint(4, vocab, (b, length + 1), device=device)
+    g = torch.Generator().manual_seed(0)
+    if "packed" in opts:
+        from transformer.data import PackedRows, ParallelDataset, pack_rows
+
+        rows, n = max(1, tokens // length), 4 * tokens // 15  # more pairs than the rows can take
+        src_lens, tgt_lens = torch.randint(8, 24, (2, n), generator=g).tolist()
+        sizes = pack_rows([s + 1 for s in src_lens], [t + 1 for t in tgt_lens], length - 1)[:rows]
+        pairs = ParallelDataset(*([torch.randint(4, vocab, (k,), generator=g).tolist() for k in lens]
+                                  for lens in (src_lens, tgt_lens)))  # fmt: skip
+        bounds = [0, *itertools.accumulate(sizes)]
+        batch = torch.utils.data.default_collate([PackedRows(pairs, length)[list(range(a, b))]
+                                                  for a, b in zip(bounds, bounds[1:])])  # fmt: skip
+        src, tgt_in, tgt_out, src_doc, tgt_doc = (t.to(device) for t in batch)
+        inputs, per_step = (src, tgt_in, src_doc, tgt_doc), int((tgt_out != 0).sum())
+    else:
+        b = max(1, tokens // length)
+        src = torch.randint(4, vocab, (b, length), generator=g).to(device)
+        tgt = torch.randint(4, vocab, (b, length + 1), generator=g).to(device)
+        inputs, tgt_out, per_step = (src, tgt[:, :-1]), tgt[:, 1:], b * length
 
     def token_loss(logits, tgt_out):
-        return F.cross_entropy(logits.flatten(0, 1).float(), tgt_out.flatten(), label_smoothing=0.1)
+        return F.cross_entropy(logits.flatten(0, 1).float(), tgt_out.flatten(), ignore_index=0, label_smoothing=0.1)
 
-    def loss_fn(src, tgt):
+    def loss_fn(inputs, tgt_out):
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            logits = model(src, tgt[:, :-1])
-        return token_loss(logits, tgt[:, 1:])
+            logits = model(*inputs)
+        return token_loss(logits, tgt_out)
 
+    mode = "reduce-overhead" if "cudagraphs" in opts else None
     if "lossc" in opts:
-        loss_fn = torch.compile(loss_fn)
+        loss_fn = torch.compile(loss_fn, mode=mode)
     elif "compile" in opts:
-        model = torch.compile(model)
-    elif "regional" in opts:  # as transformer/train.py --compile: each layer on its own, and the loss
+        model = torch.compile(model, mode=mode)
+    elif "regional" in opts:  # each layer on its own, and the loss
         for layer in (*model.encoder, *model.decoder):
             layer.compile()
         token_loss = torch.compile(token_loss)  # loss_fn looks the name up at call time
 
     def step():
-        loss_fn(src, tgt).backward()
+        loss_fn(inputs, tgt_out).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return step, b * length
+    step.inputs = inputs
+    return step, per_step
+
+
+def mask_build_ms(src_doc, tgt_doc) -> dict:
+    """Milliseconds to build a packed batch's three block masks: eagerly, and compiled on its own."""
+    from transformer.model import document_masks
+
+    out = {}
+    for name, fn in (("eager", document_masks), ("compiled", torch.compile(document_masks))):
+        for _ in range(3):
+            fn(src_doc, tgt_doc)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(10):
+            fn(src_doc, tgt_doc)
+        torch.cuda.synchronize()
+        out[f"mask_ms_{name}"] = round((time.perf_counter() - t0) * 100, 3)
+    return out
 
 
 KERNEL_KINDS = [  # (kind, substrings of CUDA kernel names), first match wins
@@ -603,13 +642,24 @@ def bare_transformer_row(args, preset: str, vocab: int, tokens: int, opts: list[
     from transformer.model import allow_cudnn_attention
 
     allow_cudnn_attention("cudnn" in opts)  # as transformer/train.py: no cuDNN attention unless asked for
-    step, per_step = bare_transformer_step(preset, vocab, tokens, 24, device, opts)
+    length = args.pack_len if "packed" in opts else 24
+    t0 = time.perf_counter()
+    step, per_step = bare_transformer_step(preset, vocab, tokens, length, device, opts)
+    step()  # the first step compiles
+    torch.cuda.synchronize()
+    first_s = time.perf_counter() - t0
     rate = timed(step, args.iters, 10, per_step, device)
     extra = ", compile" * ("compile" in opts) + ", model and loss compiled together" * ("lossc" in opts)
     extra += ", each layer and the loss compiled apart" * ("regional" in opts)
+    extra += ", CUDA graphs" * ("cudagraphs" in opts)
     extra += ", dropout 0" * ("nodrop" in opts) + ", cuDNN attention" * ("cudnn" in opts)
-    what = f"bare step {preset}, {tokens} tokens as {per_step // 24}x24, bf16{extra}"
+    shape = f"packed {tokens // length}x{length} rows, {per_step} real target tokens" if "packed" in opts else (
+        f"{tokens} tokens as {per_step // 24}x24")  # fmt: skip
+    what = f"bare step {preset}, {shape}, bf16{extra}"
     row = {"bench": "transformer", "what": what, "tok_per_s": rate, "mfu": mfu_per_tok * rate}
+    row["first_step_s"] = round(first_s, 1)
+    if "packed" in opts and device.type == "cuda":
+        row.update(mask_build_ms(*step.inputs[2:]))
     if "profile" in opts:
         try:
             row["profile"] = profile_step(step, Path(args.out) / f"profile_{'_'.join([preset, *opts])}.txt")
@@ -651,9 +701,11 @@ def bench_transformer(args, device, rows):
                    "--eval-every", "0", "-j", str(args.tr_workers) if not args.tiny else "0",
                    "--output-dir", str(out), "--resume", "none"]  # fmt: skip
             cmd += ["--compile"] if "compile" in opts else []
+            cmd += ["--compile-mode", "reduce-overhead"] if "cudagraphs" in opts else []
             cmd += ["--cudnn-attention"] if "cudnn" in opts else []
             cmd += ["--vocab-size", str(vocab)] if not args.tiny else []
-            compiled = ", compile" * ("compile" in opts) + ", cuDNN attention" * ("cudnn" in opts)
+            compiled = ", compile" * ("compile" in opts) + ", CUDA graphs" * ("cudagraphs" in opts)
+            compiled += ", cuDNN attention" * ("cudnn" in opts)
             what = f"transformer/train.py {preset}, {tokens} tok/GPU, {nproc} GPU(s), bf16{compiled}"
             row = script_row("transformer", what, cmd, out, "tok_per_s", 3 if not args.tiny else 1)
             if "tok_per_s" in row and device.type == "cuda":
@@ -694,7 +746,7 @@ class Results(list):
 def to_markdown(env: dict, rows: list[dict]) -> str:
     lines = [f"Device: {env.get('gpu', 'CPU')} x{env['gpu_count']}; torch {env['torch']}, CUDA {env['cuda']}", ""]
     cols = ["bench", "what", "batch", "img_per_s", "tok_per_s", "epoch_s", "mfu", "cpu_cores", "sm_util", "gpu_util",
-            "jpg_util", "wall", "cmd"]  # fmt: skip
+            "jpg_util", "first_step_s", "wall", "cmd"]  # fmt: skip
     cols = [c for c in cols if any(c in r for r in rows)]
     lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
@@ -733,9 +785,10 @@ def main() -> None:
         "--tr-configs",
         default="small:8192,base:65536:compile:bare,base:65536:compile",
         help="transformer runs, comma-separated PRESET:TOKENS_PER_GPU[:compile][:bare[:lossc|:regional][:nodrop]"
-        "[:profile]][:cudnn] "
+        "[:profile][:packed][:cudagraphs]][:cudnn] "
         "(bare: the bare step only; see bare_transformer_step)",
     )
+    p.add_argument("--pack-len", type=int, default=1024, help="row length of the packed bare transformer steps")
     p.add_argument("--tr-steps", type=int, default=60, help="--max-steps of each transformer script run")
     p.add_argument("--tr-nprocs", default="1,2,4", help="GPU counts of the transformer script runs (those present)")
     p.add_argument("--tr-workers", type=int, default=4, help="-j of each transformer script run")

@@ -1,4 +1,4 @@
-"""How much of a token-budget batch is real text: the padding cost of transformer/train.py's batches (CPU only).
+"""How much of a token-budget batch is real text: the padding cost of padded batches (CPU only).
 
     python bench/padding.py --data .data/multi30k --lang-src de --lang-tgt en --max-tokens 8192 65536
 
@@ -6,7 +6,9 @@ The budget counts sentences x the longest (source or target) sentence of the bat
 on batch x longest source and the decoder on batch x longest target. For each budget this prints, for the
 sampler's order (sorted by target, then source length) and for one sorted by the longer side first, the
 batches per epoch, the real share of the padded source and target positions, and the real target tokens per
-batch, which is what tokens/s and MFU count. This report is why the sampler sorts by the longer side first.
+batch, which is what tokens/s and MFU count. This report is why evaluation sorts by the longer side first.
+transformer/train.py trains on packed rows instead (transformer/README.md, "Batches"), whose share of real
+tokens its config.json records as `row_fill`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from transformer.data import TokenBudgetBatchSampler, encode, read_text_dir, token_batches, train_tokenizer
+from transformer.data import encode, read_text_dir, token_batches, train_tokenizer
 
 
 def padding_stats(batches: list[list[int]], src: list[int], tgt: list[int]) -> dict:
@@ -48,13 +50,9 @@ def main() -> None:
     print("| " + " | ".join(cols) + " |")
     print("|---|---|---|---|---|---|")
     for mt in args.max_tokens:
-        sampler = TokenBudgetBatchSampler(src, tgt, mt)
-        orders = {
-            "old: target, then source length": token_batches(
-                sorted(range(len(src)), key=lambda i: (tgt[i], src[i])), longer, mt
-            ),
-            "train.py: longer side, then target, then source": [b for step in sampler.plan(0)[0] for b in step],
-        }
+        keys = {"target, then source length": lambda i: (tgt[i], src[i])}
+        keys["longer side, then target, then source"] = lambda i: (longer[i], tgt[i], src[i])
+        orders = {name: token_batches(sorted(range(len(src)), key=key), longer, mt) for name, key in keys.items()}
         for name, batches in orders.items():
             s = padding_stats(batches, src, tgt)
             cells = [

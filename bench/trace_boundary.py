@@ -111,7 +111,7 @@ def main() -> None:
     import common.checkpoint
     import transformer.data
 
-    sampler_cls = transformer.data.TokenBudgetBatchSampler
+    sampler_cls = transformer.data.PackedBatchSampler
     named(sampler_cls, "plan", "boundary: sampler.plan (an epoch's batches)")
     named(torch.utils.data.DataLoader, "__iter__", "boundary: DataLoader.__iter__ (workers start or restart)")
     if args.no_checkpoint:

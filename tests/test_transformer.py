@@ -20,16 +20,17 @@ from common.distributed import mix_seed  # noqa: E402
 from transformer.data import (  # noqa: E402
     EOS,
     PAD,
-    TokenBudgetBatchSampler,
+    PackedBatchSampler,
+    PackedRows,
+    ParallelDataset,
     decode,
     encode,
     load_corpus,
     read_text_dir,
     synthetic_corpus,
-    token_batches,
     train_tokenizer,
 )
-from transformer.model import ModelConfig, Transformer, generate  # noqa: E402
+from transformer.model import PRESETS, ModelConfig, Transformer, generate, padding_mask  # noqa: E402
 
 TRAIN = str(REPO / "transformer" / "train.py")
 TRANSLATE = str(REPO / "transformer" / "translate.py")
@@ -71,13 +72,87 @@ def test_padding_never_changes_real_outputs():
         alone = model(s[None], t[None])[0]
         torch.testing.assert_close(batched[i, : len(t)], alone, rtol=1e-5, atol=1e-5)
     # the encoder output at real positions, and decoding a padded batch, do not depend on padding either
-    mem, _ = model.encode(src)
-    torch.testing.assert_close(mem[0, :3], model.encode(srcs[0][None])[0][0], rtol=1e-5, atol=1e-5)
+    mem = model.encode(src, padding_mask(src))
+    alone = model.encode(srcs[0][None], padding_mask(srcs[0][None]))
+    torch.testing.assert_close(mem[0, :3], alone[0], rtol=1e-5, atol=1e-5)
     for beam in (1, 3):
         together = generate(model, src, beam=beam, max_len=6)
         assert together == [
             generate(model, src[i : i + 1, : len(s)], beam=beam, max_len=6)[0] for i, s in enumerate(srcs)
         ]
+
+
+def packed_example(pack_len: int = 40):
+    """Four sentence pairs of different lengths packed into two rows (3 + 1 pairs, then the tails)."""
+    g = torch.Generator().manual_seed(7)
+    src = [torch.randint(4, 50, (n,), generator=g).tolist() for n in (5, 9, 3, 12)]
+    tgt = [torch.randint(4, 50, (n,), generator=g).tolist() for n in (7, 4, 10, 6)]
+    rows = [[0, 1, 2], [3]]
+    batch = torch.utils.data.default_collate([PackedRows(ParallelDataset(src, tgt), pack_len)[r] for r in rows])
+    return src, tgt, rows, batch
+
+
+def unpacked_outputs(model, src, tgt):
+    """Memory and logits of every pair run on its own (the padded path, batch of one)."""
+    out = []
+    for s, t in zip(src, tgt):
+        s_ids, t_in = torch.tensor([s + [EOS]]), torch.tensor([[2] + t])
+        out.append((model.encode(s_ids, padding_mask(s_ids))[0], model(s_ids, t_in)[0]))
+    return out
+
+
+@pytest.mark.parametrize("flex", [False, True])
+def test_packed_rows_equal_each_sentence_alone(flex):
+    """Packed rows with document masks give every sentence the encoder states and logits it gets alone: the encoder
+    mask (memory), and the decoder and cross-attention masks (logits). flex=True runs FlexAttention itself (its CPU
+    forward) instead of the dense boolean masks that CPU training uses."""
+    import transformer.model as tm
+
+    model = tiny_model()
+    src, tgt, rows, (s, t_in, t_out, s_doc, t_doc) = packed_example()
+    with torch.no_grad():  # FlexAttention has no CPU backward
+        enc_mask, dec_mask, cross_mask = tm.document_masks(s_doc, t_doc, dense=not flex)
+        assert isinstance(enc_mask, tm.BlockMask) == flex
+        memory = model.encode(s, enc_mask, tm.positions_in_documents(s_doc))
+        logits = model(s, t_in, s_doc, t_doc, dense=not flex)
+        alone = unpacked_outputs(model, src, tgt)
+        merged = model(s, t_in, torch.zeros_like(s_doc), torch.zeros_like(t_doc), dense=not flex)
+    for r, row in enumerate(rows):
+        a = b = 0
+        for k in row:
+            n_s, n_t = len(src[k]) + 1, len(tgt[k]) + 1
+            torch.testing.assert_close(memory[r, a : a + n_s], alone[k][0], rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(logits[r, b : b + n_t], alone[k][1], rtol=1e-4, atol=1e-5)
+            assert t_out[r, b : b + n_t].tolist() == tgt[k] + [EOS]
+            a, b = a + n_s, b + n_t
+        assert (t_out[r, b:] == PAD).all() and (s[r, a:] == PAD).all()  # the tail: <pad>, no loss
+    # the comparison can see cross-talk: one document per row changes the first sentence's later logits
+    assert not torch.allclose(merged[0, : len(tgt[0]) + 1], alone[0][1], atol=1e-3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention's compiled kernels need a GPU")
+def test_flex_attention_matches_dense_masks_on_gpu():
+    """On the GPU, packed rows train through compiled FlexAttention: its logits and gradients equal those of the
+    dense boolean masks (SDPA), and the padded path gives each sentence the same logits."""
+    torch.manual_seed(0)  # head width 16: the smallest FlexAttention's GPU kernels take; no dropout, to compare runs
+    cfg = ModelConfig(vocab_size=50, d_model=64, n_heads=4, enc_layers=2, dec_layers=2, d_ff=128, dropout=0.0)
+    model = Transformer(cfg).cuda().train()
+    src, tgt, rows, batch = packed_example(256)
+    s, t_in, t_out, s_doc, t_doc = (x.cuda() for x in batch)
+    results = []
+    for dense in (False, True):
+        model.zero_grad()
+        logits = model(s, t_in, s_doc, t_doc, dense=dense)
+        logits.float().pow(2).mean().backward()
+        results.append((logits.detach(), [p.grad.clone() for p in model.parameters()]))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-3, atol=1e-3)
+    for a, b in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-4)
+    model.eval()
+    with torch.no_grad():
+        packed = model(s, t_in, s_doc, t_doc)
+        s0, t0 = torch.tensor([src[0] + [EOS]]).cuda(), torch.tensor([[2] + tgt[0]]).cuda()
+        torch.testing.assert_close(packed[0, : len(tgt[0]) + 1], model(s0, t0)[0], rtol=1e-3, atol=1e-3)
 
 
 def test_beam_search_finds_a_likelier_sequence_than_greedy_on_average():
@@ -121,13 +196,13 @@ def test_tokenizer_round_trip(kind):
 
 @pytest.mark.parametrize("world", [1, 2, 3])
 @pytest.mark.parametrize("accum", [1, 2])
-def test_token_budget_sampler(world, accum):
+def test_packed_sampler(world, accum):
     g = torch.Generator().manual_seed(0)
     src_lens = torch.randint(2, 40, (301,), generator=g).tolist()
     tgt_lens = torch.randint(2, 40, (301,), generator=g).tolist()
-    max_tokens = 120
+    pack_len, rows = 64, 3
     samplers = [
-        TokenBudgetBatchSampler(src_lens, tgt_lens, max_tokens, r, world, seed=5, accum=accum) for r in range(world)
+        PackedBatchSampler(src_lens, tgt_lens, pack_len, rows, r, world, seed=5, accum=accum) for r in range(world)
     ]
     orders = []
     for epoch in (0, 1):
@@ -137,43 +212,52 @@ def test_token_budget_sampler(world, accum):
             per_rank.append(list(s))
         assert len({len(b) for b in per_rank}) == 1  # the same number of batches on every rank
         assert len(per_rank[0]) == len(samplers[0]) == samplers[0].steps_per_epoch * accum
-        flat = sorted(i for batches in per_rank for b in batches for i in b)
+        assert all(len(b) == rows for batches in per_rank for b in batches)  # one shape: `rows` rows of pack_len
+        flat = sorted(i for batches in per_rank for b in batches for row in b for i in row)
         assert flat == list(range(301))  # every pair exactly once
-        for b in (b for batches in per_rank for b in batches):
-            longest = max(max(src_lens[i], tgt_lens[i]) for i in b)
-            assert len(b) * longest <= max_tokens or len(b) == 1
+        for row in (row for batches in per_rank for b in batches for row in b):  # each side fits, with a tail
+            assert sum(src_lens[i] for i in row) < pack_len and sum(tgt_lens[i] for i in row) < pack_len
         tokens = samplers[0].step_tokens()
         assert sum(tokens) == sum(tgt_lens) and len(tokens) == samplers[0].steps_per_epoch
         orders.append(per_rank)
     assert orders[0] != orders[1]  # reshuffled per epoch
-    again = TokenBudgetBatchSampler(src_lens, tgt_lens, max_tokens, world - 1, world, seed=5, accum=accum)
+    again = PackedBatchSampler(src_lens, tgt_lens, pack_len, rows, world - 1, world, seed=5, accum=accum)
     again.set_epoch(1)
     assert list(again) == orders[1][world - 1]  # a pure function of (seed, epoch)
     again.set_epoch(1, skip=3)
     assert list(again) == orders[1][world - 1][3:] and len(again) == len(orders[1][world - 1]) - 3
 
 
-@pytest.mark.parametrize("world,accum,max_tokens", [(1, 1, 120), (3, 2, 120), (2, 2, 777)])
-def test_sampler_plan_equals_the_plain_algorithm(world, accum, max_tokens):
-    """The sampler cuts batch sizes once and only fills them each epoch (fast epoch boundaries). Its plan must
-    equal the docstring's steps done directly, which earlier checkpoints (mid-epoch resume) depend on."""
+@pytest.mark.parametrize("world,accum,pack_len", [(1, 1, 64), (3, 2, 64), (2, 2, 200)])
+def test_sampler_plan_equals_the_plain_algorithm(world, accum, pack_len):
+    """The sampler cuts the rows once and only fills them each epoch (fast epoch boundaries). Its plan must equal
+    the docstring's steps done directly, which earlier checkpoints (mid-epoch resume) depend on."""
     g = torch.Generator().manual_seed(1)
     src, tgt = torch.randint(1, 40, (2, 500), generator=g).tolist()
-    sampler = TokenBudgetBatchSampler(src, tgt, max_tokens, 0, world, seed=3, accum=accum)
-    longer = [max(a, b) for a, b in zip(src, tgt)]
+    rows = 2
+    sampler = PackedBatchSampler(src, tgt, pack_len, rows, 0, world, seed=3, accum=accum)
+    layout = torch.randperm(500, generator=torch.Generator().manual_seed(mix_seed(3, 54321))).tolist()
     for epoch in (0, 4):
         g = torch.Generator().manual_seed(mix_seed(3, epoch))
         perm = torch.randperm(500, generator=g).tolist()
-        order = sorted(perm, key=lambda i: (longer[i], tgt[i], src[i]))  # stable: ties keep the shuffled order
-        batches = token_batches(order, longer, max_tokens)
-        while len(batches) % (world * accum):
-            j = max(range(len(batches)), key=lambda k: len(batches[k]))
-            batches[j : j + 1] = [batches[j][: len(batches[j]) // 2], batches[j][len(batches[j]) // 2 :]]
-        batches = [batches[k] for k in torch.randperm(len(batches), generator=g).tolist()]
+        shuffled = {}  # lengths -> the pairs of those lengths, in the epoch's random order
+        for i in perm:
+            shuffled.setdefault((src[i], tgt[i]), []).append(i)
+        order = [shuffled[(src[i], tgt[i])].pop(0) for i in layout]  # each position: the next pair of its lengths
+        packed, row = [], []
+        for i in order:  # greedy: a row takes pairs while both sides stay under pack_len
+            if row and (sum(src[j] for j in row) + src[i] >= pack_len or sum(tgt[j] for j in row) + tgt[i] >= pack_len):
+                packed, row = packed + [row], []
+            row = row + [i]
+        packed.append(row)
+        while len(packed) % (rows * world * accum):
+            packed.append([])
+        packed = [packed[k] for k in torch.randperm(len(packed), generator=g).tolist()]
+        batches = [packed[k : k + rows] for k in range(0, len(packed), rows)]
         steps = [batches[k : k + world * accum] for k in range(0, len(batches), world * accum)]
         sampler.set_epoch(epoch)
         assert sampler.plan(epoch)[0] == steps
-        assert sampler.step_tokens() == [sum(tgt[i] for b in step for i in b) for step in steps]
+        assert sampler.step_tokens() == [sum(tgt[i] for b in step for r in b for i in r) for step in steps]
 
 
 def test_sampler_deals_epoch_after_epoch():
@@ -181,7 +265,7 @@ def test_sampler_deals_epoch_after_epoch():
     alone would: train.py's one DataLoader iterator for the whole run (no worker restart per epoch)."""
     g = torch.Generator().manual_seed(2)
     src, tgt = torch.randint(1, 40, (2, 400), generator=g).tolist()
-    sampler = TokenBudgetBatchSampler(src, tgt, 150, 1, 2, seed=4, accum=2)
+    sampler = PackedBatchSampler(src, tgt, 100, 2, 1, 2, seed=4, accum=2)
     alone = []
     for epoch in (2, 3, 4):
         sampler.set_epoch(epoch)
@@ -191,41 +275,27 @@ def test_sampler_deals_epoch_after_epoch():
     assert sampler.step_tokens(3) == sampler.plan(3)[1] and sampler.step_tokens() == sampler.plan(2)[1]
 
 
-@pytest.mark.parametrize("world,accum", [(2, 1), (3, 2)])
-def test_balanced_steps_hold_batches_of_neighbouring_row_counts(world, accum):
-    """balance=True (--balance-steps): the same batches as without, but each step's batches are neighbours in
-    row count (the ranks finish together), in a random order of steps; the step token counts still add up."""
-    g = torch.Generator().manual_seed(3)
-    src, tgt = torch.randint(1, 40, (2, 600), generator=g).tolist()
-    plain = TokenBudgetBatchSampler(src, tgt, 200, 0, world, seed=1, accum=accum)
-    balanced = TokenBudgetBatchSampler(src, tgt, 200, 0, world, seed=1, accum=accum, balance=True)
-    steps, tokens = balanced.plan(2)
-    assert sorted(b for step in steps for b in step) == sorted(b for step in plain.plan(2)[0] for b in step)
-    assert tokens == [sum(tgt[i] for b in step for i in b) for step in steps]
-    spans = sorted((min(map(len, step)), max(map(len, step))) for step in steps)
-    assert all(hi <= lo_next for (_, hi), (lo_next, _) in zip(spans, spans[1:]))  # no two steps' ranges interleave
-    rows = [[len(b) for b in step] for step in steps]
-    assert rows != sorted(rows)  # the steps themselves come in a random order
-    assert balanced.plan(2) == TokenBudgetBatchSampler(src, tgt, 200, 0, world, 1, accum, balance=True).plan(2)
-
-
-def test_sampler_fills_the_budget_with_real_tokens():
-    """The budget counts batch x longest (longer side), so batches must group pairs by that length. With source and
-    target lengths independent, an order by target length alone fills 74% of the counted positions with real
-    tokens and needs 109 batches; the sampler's order fills 99% in 81."""
+def test_packed_rows_are_nearly_all_real_tokens():
+    """Rows of randomly mixed lengths leave short tails on both sides: at 1,024 tokens a row, pairs of Multi30k-like
+    lengths (8-23 tokens a side, drawn independently) fill over 95% of the rows' positions."""
     g = torch.Generator().manual_seed(0)
-    src_lens = torch.randint(2, 60, (2000,), generator=g).tolist()
-    tgt_lens = torch.randint(2, 60, (2000,), generator=g).tolist()
-    longer = [max(s, t) for s, t in zip(src_lens, tgt_lens)]
-    sampler = TokenBudgetBatchSampler(src_lens, tgt_lens, 1024)
-    batches = [b for step in sampler.plan(0)[0] for b in step]
-    counted = sum(len(b) * max(longer[i] for i in b) for b in batches)
-    assert sum(longer) / counted > 0.95 and len(batches) <= 85
+    src_lens, tgt_lens = torch.randint(8, 24, (2, 20000), generator=g).tolist()
+    sampler = PackedBatchSampler(src_lens, tgt_lens, 1024, 1)
+    assert sampler.fill > 0.95, sampler.fill
+    rows = [row for step in sampler.plan(0)[0] for b in step for row in b]
+    assert len(rows) == sampler.n_rows and all(rows)  # one row a step, no empty filler row needed
 
 
-def test_sampler_needs_enough_pairs():
-    with pytest.raises(ValueError):
-        TokenBudgetBatchSampler([3, 4], [3, 4], 100, 0, 3)
+def test_packed_row_layout():
+    """A row: the pairs' sources end to end (ids </s>), the decoder input (<s> ids) and its targets (ids </s>), a
+    document id per token; the tail is <pad> with one more document id on each side."""
+    row = PackedRows(ParallelDataset([[5, 6], [7]], [[8], [9, 10]]), 8)[[0, 1]]
+    src, tgt_in, tgt_out, src_doc, tgt_doc = (t.tolist() for t in row)
+    assert src == [5, 6, EOS, 7, EOS, PAD, PAD, PAD] and src_doc == [0, 0, 0, 1, 1, 2, 2, 2]
+    assert tgt_in == [2, 8, 2, 9, 10, PAD, PAD, PAD] and tgt_out == [8, EOS, 9, 10, EOS, PAD, PAD, PAD]
+    assert tgt_doc == [0, 0, 1, 1, 1, 2, 2, 2]
+    with pytest.raises(ValueError):  # a pair must leave room for the tail
+        PackedBatchSampler([8], [3], 8, 1)
 
 
 # ------------------------------------------------------------------ data sources
@@ -274,8 +344,9 @@ def test_hf_column_layouts(tmp_path):
 def test_tiny_model_learns_synthetic_translation(tmp_path):
     out = tmp_path / "run"
     run(
-        [PY, TRAIN, "--synthetic", "--preset", "tiny", "--max-tokens", "1024", "--accum-steps", "2", "--lr", "1e-3",
-         "--warmup-steps", "100", "--max-steps", "400", "--eval-every", "1000", "-j", "0", "--output-dir", out],
+        [PY, TRAIN, "--synthetic", "--preset", "tiny", "--max-tokens", "1024", "--pack-len", "64",
+         "--accum-steps", "2", "--lr", "1e-3", "--warmup-steps", "100", "--max-steps", "400", "--eval-every", "1000",
+         "-j", "0", "--output-dir", out],
         timeout=240,
     )  # fmt: skip
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -354,12 +425,28 @@ def test_resume_continues_identically(ddp_runs):
 
 
 @pytest.mark.slow
+def test_two_processes_equal_one_with_twice_the_rows(tmp_path):
+    """DDP: 2 processes of 2 rows each train the same parameters as 1 process of 4 rows, since both deal the same
+    rows to each step (dropout 0: its masks are seeded per rank)."""
+    args = [TRAIN, "--synthetic", "--preset", "tiny", "--pack-len", "64", "--max-steps", "3", "--eval-every", "0",
+            "-j", "0", "--lr", "1e-3", "--warmup-steps", "2", "--resume", "none"]  # fmt: skip
+    torchrun(2, *args, "--max-tokens", "128", "--output-dir", tmp_path / "two", timeout=180)
+    run([PY, *args, "--max-tokens", "256", "--output-dir", tmp_path / "one"], timeout=180)
+    two, one = (torch.load(tmp_path / d / "last.pt", weights_only=True)["model"] for d in ("two", "one"))
+    start = Transformer(ModelConfig(vocab_size=two["embed.weight"].shape[0], **PRESETS["tiny"])).state_dict()
+    assert not torch.allclose(two["embed.weight"], start["embed.weight"])  # it trained
+    for k in two:  # the key bias cannot change attention, so its exact gradient is 0 and Adam amplifies rounding noise
+        a, b = (two[k][64:], one[k][64:]) if k.endswith("kv.bias") else (two[k], one[k])
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=k)
+
+
+@pytest.mark.slow
 def test_compiled_model_and_loss_train_like_eager_under_ddp(tmp_path):
     """--compile compiles each layer and the loss (dynamic shapes) inside the DDP model; with 2 processes and
     gradient accumulation (no_sync on the first micro-batch) the logged losses match the eager run's. The compiled
     run also takes --eval-every 0: no evaluation, no best.pt."""
-    args = [TRAIN, "--synthetic", "--preset", "tiny", "--max-tokens", "512", "--max-steps", "4", "-p", "2",
-            "--accum-steps", "2", "--eval-every", "1000", "-j", "0", "--resume", "none"]  # fmt: skip
+    args = [TRAIN, "--synthetic", "--preset", "tiny", "--max-tokens", "512", "--pack-len", "128", "--max-steps", "4",
+            "-p", "2", "--accum-steps", "2", "--eval-every", "1000", "-j", "0", "--resume", "none"]  # fmt: skip
     losses = {}
     splits = {}
     for name, extra in (("eager", []), ("compiled", ["--compile", "--eval-every", "0"])):

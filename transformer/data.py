@@ -1,10 +1,11 @@
-"""Parallel text in, padded token-id batches out.
+"""Parallel text in, packed (training) and padded (evaluation) token-id batches out.
 
     load_corpus      --data NAME|DIR or --synthetic -> {"train": (src, tgt), "val": ..., ["test": ...]}
     train_tokenizer  joint BPE (or WordLevel) over the training split, as a `tokenizers` Tokenizer
-    TokenBudgetBatchSampler  length-bucketed batches of at most --max-tokens padded tokens per process,
-                     the same number of batches on every rank, every pair once per epoch, resumable
-    collate          pad a list of ParallelDataset pairs into (src, tgt_in, tgt_out) tensors
+    PackedBatchSampler, PackedRows  training batches: sentence pairs packed end to end into rows of
+                     --pack-len tokens with a document id per token, the same shape every step, the same number
+                     of batches on every rank, every pair once per epoch, resumable
+    collate, token_batches  padded batches (src, tgt_in, tgt_out) of whole sentences, for evaluation and decoding
 
 Token ids 0-3 are the special tokens of every tokenizer made here: <pad> <unk> <s> </s>.
 A source is `ids + </s>`; the decoder reads `<s> + ids` and predicts `ids + </s>`.
@@ -354,86 +355,117 @@ def token_batches(order: list[int], lengths: list[int], max_tokens: int) -> list
     return batches
 
 
-class TokenBudgetBatchSampler(Sampler):
-    """Length-bucketed token-budget batches for DDP; yields lists of indices (a DataLoader batch_sampler).
+def pack_rows(src_lens: list[int], tgt_lens: list[int], capacity: int) -> list[int]:
+    """Cut a sequence of pairs into rows, in order: a row takes the next pair while both its source and its target
+    side stay within `capacity` tokens. Returns how many pairs each row holds."""
+    sizes, n, s_sum, t_sum = [], 0, 0, 0
+    for s, t in zip(src_lens, tgt_lens):
+        if n and (s_sum + s > capacity or t_sum + t > capacity):
+            sizes.append(n)
+            n, s_sum, t_sum = 0, 0, 0
+        n, s_sum, t_sum = n + 1, s_sum + s, t_sum + t
+    return sizes + [n] if n else sizes
 
-    Each epoch, on every rank alike, from (seed, epoch) only:
-      1. shuffle, then stable-sort by (longer side, target, source) length: neighbours have similar
-         lengths, and pairs of equal lengths are in a new random order each epoch. The longer side goes
-         first because it is what the budget counts; sorting by the target alone left batches of equal
-         targets but ragged sources (Multi30k at 65,536 tokens: 34,186 real target tokens per batch
-         against 49,379 this way, measured by bench/padding.py);
-      2. cut into batches of at most `max_tokens` padded tokens (the longer of source and target);
-      3. split the largest batches until the count is a multiple of world_size x accum, so every
-         rank does the same number of optimizer steps (no DDP hang) and no pair is dropped or repeated;
-      4. shuffle the batches and deal them out, world_size x accum per optimizer step: a step mixes
-         lengths (less gradient noise than one length bucket per step), and as every batch holds about
-         max_tokens tokens the ranks still do similar work. Rank r takes batches r*accum ... r*accum+accum-1.
-         With balance=True a step's batches are instead neighbours in row count: at one token budget, a batch of
-         many short sentences takes longer than one of few long ones, and DDP waits for the slowest rank
-         (BENCHMARKS.md, "Why --balance-steps"); each step then holds fewer lengths.
-    The batch count is the same every epoch (the sorted lengths are). `set_epoch(e, skip=k)` skips
-    this rank's first k batches, to resume mid-epoch; `set_epoch(e, until=n)` then deals the epochs after e
-    too, up to n: one DataLoader iterator then serves the whole run, so its workers never restart at an
-    epoch boundary, and the next epoch's plan is made while the last batches of this one train.
+
+class PackedRows(Dataset):
+    """Rows of sentence pairs packed end to end: dataset[list of pair indices] -> one row of `pack_len` tokens,
+    (src, tgt_in, tgt_out, src_doc, tgt_doc), each (pack_len,) int64.
+
+    Pair k of the row is document k on both sides. After the last pair comes the row's tail (<pad> tokens, no
+    loss), itself one more document on each side, never empty: rows hold at most pack_len - 1 tokens per side.
+    """
+
+    def __init__(self, pairs: ParallelDataset, pack_len: int):
+        self.pairs, self.pack_len = pairs, pack_len
+
+    def __getitem__(self, row: list[int]) -> tuple[torch.Tensor, ...]:
+        src = [self.pairs.src[i] for i in row]
+        tgt = [self.pairs.tgt[i] for i in row]
+        out = torch.full((5, self.pack_len), PAD)
+        out[3:] = len(row)  # the tail's document id
+        for side, seqs, doc in ((0, src, 3), (1, [t[:-1] for t in tgt], 4), (2, [t[1:] for t in tgt], None)):
+            if row:
+                ids = torch.cat(seqs)
+                out[side, : len(ids)] = ids
+                if doc is not None:
+                    out[doc, : len(ids)] = torch.repeat_interleave(torch.tensor([len(x) for x in seqs]))
+        return tuple(out)
+
+
+class PackedBatchSampler(Sampler):
+    """Packed rows for DDP: yields, per micro-batch, `rows` rows (each a list of pair indices; see PackedRows).
+
+    Once, from the seed: a random order of the pairs is packed into rows of at most pack_len - 1 tokens per side
+    (pack_rows), and each row position keeps the (source, target) lengths of the pair it got: the layout. Rows of
+    randomly mixed lengths fill both sides alike (over 97% real tokens for Multi30k-like lengths; rows of sorted
+    lengths, bound by the longer side, filled 85%). Then, each epoch, on every rank alike, from (seed, epoch) only:
+      1. the pairs of equal (source, target) lengths trade places at random: each position of the layout gets a
+         pair of its lengths, so the rows are the same size every epoch and hold different sentences;
+      2. empty rows are added until the count is a multiple of rows x world_size x accum, so every rank does the
+         same number of optimizer steps (no DDP hang) and no pair is dropped or repeated;
+      3. the rows are shuffled and dealt out, `rows` to a micro-batch, world_size x accum micro-batches per
+         optimizer step. Rank r takes micro-batches r*accum ... r*accum+accum-1.
+    Every micro-batch has the same shape (rows x pack_len) and about the same number of real tokens, so compiled
+    code and CUDA graphs are built once, and DDP ranks finish their steps together.
+    The rows are cut once, so an epoch boundary costs milliseconds. `set_epoch(e, skip=k)` skips this rank's
+    first k micro-batches, to resume mid-epoch; `set_epoch(e, until=n)` then deals the epochs after e too, up to
+    n: one DataLoader iterator then serves the whole run, so its workers never restart at an epoch boundary.
     """
 
     def __init__(
         self,
         src_lens: list[int],
         tgt_lens: list[int],
-        max_tokens: int,
+        pack_len: int,
+        rows: int,
         rank: int = 0,
         world_size: int = 1,
         seed: int = 0,
         accum: int = 1,
-        balance: bool = False,
     ):
         self.src_lens, self.tgt_lens = torch.tensor(src_lens), torch.tensor(tgt_lens)
-        self.longer = torch.maximum(self.src_lens, self.tgt_lens)
-        self.rank, self.world, self.seed, self.accum, self.balance = rank, world_size, seed, accum, balance
-        self.group = world_size * accum  # batches per optimizer step, all ranks together
-        if len(src_lens) < self.group:
-            raise ValueError(f"{len(src_lens)} pairs cannot fill {self.group} batches (world size x accum steps)")
-        top = int(self.longer.max()) + 1
-        self.key = (self.longer * top + self.tgt_lens) * top + self.src_lens
-        # Steps 2 and 3 depend on the sorted lengths only, which are the same every epoch (only pairs of equal
-        # lengths trade places): cut the batch sizes once, so that an epoch boundary costs milliseconds.
-        longer_sorted = self.longer[torch.argsort(self.key, stable=True)].tolist()
-        sizes = [len(b) for b in token_batches(range(len(longer_sorted)), longer_sorted, max_tokens)]
-        while len(sizes) % self.group:
-            j = max(range(len(sizes)), key=sizes.__getitem__)  # the most pairs (ties: first)
-            sizes[j : j + 1] = [sizes[j] // 2, sizes[j] - sizes[j] // 2]
+        longer = torch.maximum(self.src_lens, self.tgt_lens)
+        if int(longer.max()) >= pack_len:
+            raise ValueError(f"a pair of {int(longer.max())} tokens does not fit a row of {pack_len} (and its tail)")
+        self.rank, self.world, self.seed, self.accum, self.rows = rank, world_size, seed, accum, rows
+        self.group = world_size * accum  # micro-batches per optimizer step, all ranks together
+        top = int(longer.max()) + 1
+        self.key = (longer * top + self.tgt_lens) * top + self.src_lens
+        layout = torch.randperm(len(self.key), generator=torch.Generator().manual_seed(mix_seed(seed, 54321)))
+        self.slots = torch.argsort(self.key[layout], stable=True)  # the layout's positions, by the lengths they take
+        sizes = pack_rows(self.src_lens[layout].tolist(), self.tgt_lens[layout].tolist(), pack_len - 1)
         self.bounds = [0, *itertools.accumulate(sizes)]
-        self.batch_of = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))  # position -> batch
-        self.steps_per_epoch = len(sizes) // self.group
-        self._plans: dict[int, tuple[list[list[list[int]]], list[int]]] = {}
+        self.row_of = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))  # position -> row
+        self.n_rows = -(-len(sizes) // (rows * self.group)) * rows * self.group  # with the empty rows
+        self.steps_per_epoch = self.n_rows // (rows * self.group)
+        self.fill = float(self.src_lens.sum() + self.tgt_lens.sum()) / (2 * self.n_rows * pack_len)
+        self._plans: dict[int, tuple[list[list[list[list[int]]]], list[int]]] = {}
         self.set_epoch(0)
 
-    def plan(self, epoch: int) -> tuple[list[list[list[int]]], list[int]]:
-        """The epoch as a list of optimizer steps, each a list of world_size x accum batches, and the target
-        tokens of each step (all its batches together). Kept for the epoch before it, still being trained."""
+    def plan(self, epoch: int) -> tuple[list[list[list[list[int]]]], list[int]]:
+        """The epoch as a list of optimizer steps, each a list of world_size x accum micro-batches of `rows` rows,
+        and the target tokens of each step (all its rows together). Kept for the epoch before it, still training."""
         if epoch in self._plans:
             return self._plans[epoch]
         g = torch.Generator().manual_seed(mix_seed(self.seed, epoch))
         perm = torch.randperm(len(self.key), generator=g)
-        order = perm[torch.argsort(self.key[perm], stable=True)]
-        tokens = torch.zeros(len(self.bounds) - 1, dtype=torch.long).index_add_(0, self.batch_of, self.tgt_lens[order])
+        order = torch.empty_like(perm)
+        order[self.slots] = perm[torch.argsort(self.key[perm], stable=True)]  # pairs of equal lengths, shuffled
+        tokens = torch.zeros(self.n_rows, dtype=torch.long).index_add_(0, self.row_of, self.tgt_lens[order])
         flat = order.tolist()
-        batches = [flat[a:b] for a, b in itertools.pairwise(self.bounds)]
-        shuffle = torch.randperm(len(batches), generator=g).tolist()
-        if self.balance:  # steps of batches with similar row counts (ties in random order), steps in random order
-            ranked = sorted(shuffle, key=lambda k: len(batches[k]))
-            steps = [ranked[k : k + self.group] for k in range(0, len(ranked), self.group)]
-            shuffle = [k for j in torch.randperm(len(steps), generator=g).tolist() for k in steps[j]]
-        batches, tokens = [batches[k] for k in shuffle], tokens[shuffle].tolist()
-        r = range(0, len(batches), self.group)
+        rows = [flat[a:b] for a, b in itertools.pairwise(self.bounds)]
+        rows += [[] for _ in range(self.n_rows - len(rows))]
+        shuffle = torch.randperm(self.n_rows, generator=g)
+        rows, tokens = [rows[k] for k in shuffle.tolist()], tokens[shuffle]
+        batches = [rows[k : k + self.rows] for k in range(0, self.n_rows, self.rows)]
+        per_step = len(batches) // self.steps_per_epoch
+        steps = [batches[k : k + per_step] for k in range(0, len(batches), per_step)]
         self._plans = {e: p for e, p in self._plans.items() if e == epoch - 1}
-        self._plans[epoch] = [batches[k : k + self.group] for k in r], [sum(tokens[k : k + self.group]) for k in r]
+        self._plans[epoch] = steps, tokens.view(self.steps_per_epoch, -1).sum(1).tolist()
         return self._plans[epoch]
 
     def set_epoch(self, epoch: int, skip: int = 0, until: int | None = None) -> None:
-        """Deal epoch `epoch` from this rank's batch `skip` on, then the epochs before `until` (default: none)."""
+        """Deal epoch `epoch` from this rank's micro-batch `skip` on, then the epochs before `until` (default none)."""
         self.epoch, self.skip, self.until = epoch, skip, max(until or 0, epoch + 1)
 
     def step_tokens(self, epoch: int | None = None) -> list[int]:
@@ -441,7 +473,7 @@ class TokenBudgetBatchSampler(Sampler):
         the loss divisor."""
         return self.plan(self.epoch if epoch is None else epoch)[1]
 
-    def rank_batches(self, epoch: int | None = None) -> list[list[int]]:
+    def rank_batches(self, epoch: int | None = None) -> list[list[list[int]]]:
         a, steps = self.accum, self.plan(self.epoch if epoch is None else epoch)[0]
         return [b for step in steps for b in step[self.rank * a : (self.rank + 1) * a]]
 

@@ -5,7 +5,7 @@
     torchrun --standalone --nproc_per_node=2 transformer/train.py ...                 # N processes
     python transformer/translate.py --checkpoint runs/transformer/best.pt "Ein Satz."
 
-Read top to bottom: arguments -> distributed setup -> text -> tokenizer -> token-budget batches
+Read top to bottom: arguments -> distributed setup -> text -> tokenizer -> packed batches
 -> model -> optimizer -> resume -> training loop with periodic evaluation (loss and sacreBLEU over
 the whole validation set) and checkpoints. The DDP recipe is four steps, marked [DDP 1-4].
 """
@@ -46,8 +46,9 @@ from common.utils import StopSignal, amp_dtype, autocast, count_params, param_gr
 from common.watchdog import CHECKPOINT, EVAL_STEP, Watchdog
 from transformer.data import (
     PAD,
+    PackedBatchSampler,
+    PackedRows,
     ParallelDataset,
-    TokenBudgetBatchSampler,
     collate,
     decode,
     encode,
@@ -80,12 +81,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-len", type=int, default=256, help="drop (and count) training pairs longer than this")
     g.add_argument("--tokenizer", choices=("bpe", "wordlevel"), default="bpe", help="joint vocabulary type")
     g.add_argument("--vocab-size", type=int, default=8000, help="joint source+target vocabulary size")
-    g.add_argument("-j", "--workers", type=int, default=2, help="DataLoader workers per process (they pad batches)")
-    g.add_argument(
-        "--balance-steps",
-        action="store_true",
-        help="give each step's ranks batches of similar row counts: they finish together (see the sampler)",
-    )
+    g.add_argument("-j", "--workers", type=int, default=2, help="DataLoader workers per process (they pack rows)")
+    g.add_argument("--pack-len", type=int, default=1024, help="tokens per packed row (at most --max-tokens)")
     g = p.add_argument_group("model")
     g.add_argument("--preset", choices=tuple(PRESETS), default="base", help="base: 512 wide, 6+6 layers")
     g.add_argument("--d-model", type=int, default=None, help="override the preset's width")
@@ -93,7 +90,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--heads", type=int, default=None, help="override the preset's attention heads")
     g.add_argument("--d-ff", type=int, default=None, help="override the preset's feed-forward width")
     g.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
-    g.add_argument("--compile", action="store_true", help="torch.compile the training model")
+    g.add_argument("--compile", action="store_true", help="torch.compile the training model (one static shape)")
+    g.add_argument("--compile-mode", default=None, help="torch.compile mode, e.g. reduce-overhead (CUDA graphs)")
     g.add_argument(
         "--cudnn-attention",
         action="store_true",
@@ -103,7 +101,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--epochs", type=int, default=20)
     g.add_argument("--max-steps", type=int, default=0, help="stop after this many optimizer steps (0: no limit)")
     g.add_argument(
-        "--max-tokens", type=int, default=4096, help="padded tokens per batch per process (replaces --batch-size)"
+        "--max-tokens", type=int, default=4096, help="tokens per batch per process: max-tokens // pack-len rows"
     )
     g.add_argument("--accum-steps", type=int, default=1, help="gradient accumulation micro-batches per step")
     g.add_argument("--lr", type=float, default=5e-4, help="peak LR (Adam; not scaled with the batch)")
@@ -193,12 +191,13 @@ def evaluate(model, data, tok, args, info, dtype) -> dict:
 
 
 def main(args: argparse.Namespace) -> None:
-    if args.max_tokens <= 0 or args.accum_steps <= 0 or args.beam <= 0:
-        raise UserError("--max-tokens, --accum-steps and --beam must be positive")
+    if min(args.max_tokens, args.accum_steps, args.beam, args.pack_len) <= 0:
+        raise UserError("--max-tokens, --pack-len, --accum-steps and --beam must be positive")
     if not 0 < args.max_len < ModelConfig.max_positions:
         raise UserError(f"--max-len must be in 1..{ModelConfig.max_positions - 1} (the model's positions)")
-    if args.max_len > args.max_tokens:
-        raise UserError(f"--max-len {args.max_len} > --max-tokens {args.max_tokens}: a long pair would not fit")
+    pack_len = min(args.pack_len, args.max_tokens)
+    if args.max_len >= pack_len:
+        print0(f"note: --max-len {args.max_len} lowered to {pack_len - 1}: a pair must fit a row of {pack_len}")
     try:
         import sacrebleu  # noqa: F401  (imported where used; checked here so a missing one fails before training)
         from tokenizers import Tokenizer
@@ -232,12 +231,13 @@ def main(args: argparse.Namespace) -> None:
     # ---- token ids; drop (and count) over-long training pairs; evaluation keeps every pair
     ids = {k: (encode(tok, s), encode(tok, t)) for k, (s, t) in splits.items()}
     tokenizers_done_forking()
-    keep = [i for i, (s, t) in enumerate(zip(*ids["train"])) if max(len(s), len(t)) + 1 <= args.max_len]
+    max_len = min(args.max_len, pack_len - 1)  # a row holds its pairs and a tail of at least one <pad>
+    keep = [i for i, (s, t) in enumerate(zip(*ids["train"])) if max(len(s), len(t)) + 1 <= max_len]
     n_long = len(ids["train"][0]) - len(keep)
     train_src, train_tgt = [ids["train"][0][i] for i in keep], [ids["train"][1][i] for i in keep]
-    print0(
-        f"vocab {tok.get_vocab_size()} ({args.tokenizer}); dropped {n_long} training pairs over {args.max_len} tokens"
-    )
+    print0(f"vocab {tok.get_vocab_size()} ({args.tokenizer}); dropped {n_long} training pairs over {max_len} tokens")
+    if not train_src:
+        raise UserError(f"no training pair fits in {max_len} tokens (raise --max-len or --pack-len)")
     limit = ModelConfig.max_positions - 1  # the decoder also needs room for <s>
     eval_sets = {
         k: ([s[:limit] for s in ids[k][0]], [t[:limit] for t in ids[k][1]], *splits[k])
@@ -245,25 +245,23 @@ def main(args: argparse.Namespace) -> None:
         if k in splits
     }
 
-    # [DDP 2] every rank gets the same number of token-budget batches; the order of epoch e is a function of (seed, e).
-    try:
-        sampler = TokenBudgetBatchSampler(
-            [len(s) + 1 for s in train_src],
-            [len(t) + 1 for t in train_tgt],
-            args.max_tokens,
-            info.rank,
-            info.world_size,
-            args.seed,
-            args.accum_steps,
-            args.balance_steps,
-        )
-    except ValueError as e:
-        raise UserError(f"too little training data: {e}") from None
+    # [DDP 2] sentence pairs packed end to end into rows of pack_len tokens (data.PackedBatchSampler): every batch has
+    # the same shape, every rank the same number of batches, and the order of epoch e is a function of (seed, e).
+    rows = args.max_tokens // pack_len
+    sampler = PackedBatchSampler(
+        [len(s) + 1 for s in train_src],
+        [len(t) + 1 for t in train_tgt],
+        pack_len,
+        rows,
+        info.rank,
+        info.world_size,
+        args.seed,
+        args.accum_steps,
+    )
     steps_per_epoch = sampler.steps_per_epoch
     train_loader = torch.utils.data.DataLoader(
-        ParallelDataset(train_src, train_tgt),
+        PackedRows(ParallelDataset(train_src, train_tgt), pack_len),
         batch_sampler=sampler,
-        collate_fn=collate,
         num_workers=args.workers,
         pin_memory=device.type == "cuda",
         persistent_workers=args.workers > 0,
@@ -295,12 +293,10 @@ def main(args: argparse.Namespace) -> None:
         )
 
     if args.compile:
-        # Compile each layer, not the whole model: the 6 encoder layers share one compiled graph and the 6 decoder
-        # layers another, which compiles several times faster (BENCHMARKS.md), and DDP needs no graph splitting.
-        # dynamic=True: batch shapes change with every length bucket; compile once for all of them.
-        for layer in (*model_without_ddp.encoder, *model_without_ddp.decoder):
-            layer.compile(dynamic=True)
-        token_loss = torch.compile(token_loss, dynamic=True)
+        # Packed batches all have one shape: the whole model (block masks included) compiles once. Compiling the DDP
+        # model lets the compiler split the graph at DDP's gradient buckets, so all-reduces overlap the backward.
+        model = torch.compile(model, dynamic=False, mode=args.compile_mode)
+        token_loss = torch.compile(token_loss, dynamic=False)
 
     # ---- optimizer and LR schedule (a pure function of the step)
     optimizer = torch.optim.AdamW(
@@ -375,15 +371,18 @@ def main(args: argparse.Namespace) -> None:
             "train_pairs": len(train_src),
             "dropped_long_pairs": n_long,
             "steps_per_epoch": steps_per_epoch,
-            "max_tokens_per_step": args.max_tokens * info.world_size * args.accum_steps,
+            "max_tokens_per_step": rows * pack_len * info.world_size * args.accum_steps,
+            "pack_len": pack_len,
+            "rows_per_batch": rows,
+            "row_fill": sampler.fill,
             "bleu_signature": bleu_signature(),
         },
     )
     wandb_id = logger.start_wandb("transformer", config, wandb_id)
     print0(
         f"transformer {args.preset} ({n_params / 1e6:.1f}M params) on {len(train_src)} pairs | "
-        f"{info.world_size} process(es) on {device.type} ({info.launcher}) | up to "
-        f"{args.max_tokens} x {info.world_size} x {args.accum_steps} padded tokens per step | "
+        f"{info.world_size} process(es) on {device.type} ({info.launcher}) | {rows} x {pack_len} tokens x "
+        f"{info.world_size} x {args.accum_steps} per step, {sampler.fill:.1%} of them real | "
         f"{steps_per_epoch} steps/epoch | peak lr {args.lr:.4g}"
     )
     total_steps = args.epochs * steps_per_epoch
@@ -425,16 +424,16 @@ def main(args: argparse.Namespace) -> None:
         model.train()
         step_tokens = sampler.step_tokens(epoch)  # target tokens of each optimizer step, all ranks together
         for i in range(batch_in_epoch, steps_per_epoch * args.accum_steps):
-            src, tgt_in, tgt_out = (t.to(device, non_blocking=True) for t in next(batches))
+            src, tgt_in, tgt_out, src_doc, tgt_doc = (t.to(device, non_blocking=True) for t in next(batches))
             if i % args.accum_steps == 0:  # dropout masks depend on (seed, rank, step) only: resumable
                 torch.manual_seed(mix_seed(args.seed, info.rank, step))
             sync = (i + 1) % args.accum_steps == 0
             with model.no_sync() if (not sync and info.world_size > 1) else contextlib.nullcontext():
                 with autocast(device, dtype):
-                    loss = token_loss(model(src, tgt_in), tgt_out)
+                    loss = token_loss(model(src, tgt_in, src_doc, tgt_doc), tgt_out)
                 # DDP averages gradients over ranks; x world_size / tokens makes the step's gradient the mean
                 # over every target token of the step, however unevenly the tokens fall on ranks and micro-batches.
-                scaler.scale(loss * (info.world_size / step_tokens[i // args.accum_steps])).backward()
+                scaler.scale(loss * (info.world_size / max(1, step_tokens[i // args.accum_steps]))).backward()
             loss_sum += loss.detach()
             if not sync:
                 continue
