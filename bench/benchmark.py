@@ -670,8 +670,8 @@ def bare_transformer_row(args, preset: str, vocab: int, tokens: int, opts: list[
 
 def bench_transformer(args, device, rows):
     """Target tokens/s: the tutorial-style loop (every sentence padded to 350, fp32, batch 8) vs transformer/train.py
-    (token-budget batches, dynamic padding, bf16) on Multi30k, and a bare compiled step on unpadded batches as
-    the ceiling. MFU = 6 * params * target tokens/s / peak: conservative, since the encoder's FLOPs follow the
+    (packed rows, bf16) on Multi30k, and bare compiled steps on packed rows and on unpadded batches as the
+    ceilings. MFU = 6 * params * target tokens/s / peak: conservative, since the encoder's FLOPs follow the
     source tokens (German has about 10% more than English) and attention (under 2% at ~15-token sentences) is
     left out."""
     vocab = 8000

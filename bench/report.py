@@ -111,6 +111,7 @@ class Figures(dict):
 # Hardware of the runs, in the words every table uses.
 H200 = "1× H200, 16 CPU cores, torch 2.11, CUDA 13.0"
 H100 = "H100 80GB HBM3 (a 4-GPU host, 64 CPU cores), torch 2.11, CUDA 13.0"
+H100_16 = "1× H100 80GB HBM3, 16 CPU cores, torch 2.11, CUDA 13.0"
 PROFILE = "bare step base, 65536 tokens as 2730x24, bf16"
 R50_SCRIPT = "imagenet/train.py --dummy, fp32 (TF32 convs, eager)"
 TR_SCRIPT = "transformer/train.py base, 65536 tok/GPU, 1 GPU(s), bf16, compile"
@@ -118,9 +119,66 @@ LOOP = "baseline loop, base, pad 350, fp32, batch 8"
 Q200 = "console_rn50_cifar_imagefolder_ende_1xh200.log"
 Q100 = "console_rn50_jpeg_cifar_bleu_4xh100.log"
 TR1 = "tr_base_compile_script_bare_baseline_1xh100.json"
-BLEU1 = "tr_small_deen_bleu_1xh100.jsonl"
+BLEU1 = "tr_small_deen_bleu_packed_d04_t8k_1xh100.jsonl"
+JPEG = "jpeg_decode_paths_1xh100.json"
+PK = "transformer_base_packed_bare_1xh100.json"
+PK_PROF = "transformer_base_packed_bare_profile_1xh100.txt"
+JPEG_ROW = "imagenet/train.py ResNet-50, 15360 JPEGs of 500x375 q90 (100 KB), "
+PK_STEP = "bare step base, packed 64x1024 rows, 63775 real target tokens, bf16, compile, "
 
 FIGURES = {
+    # Real JPEGs
+    "jpeg_dummy": lambda f: row(JPEG, JPEG_ROW + "--dummy (no data path), bf16 + channels_last + compile", "img_per_s"),
+    **{
+        f"jpeg_{k}_{col}": (lambda w, c: lambda f: row(JPEG, JPEG_ROW + w, c))(what, col)
+        for k, what in (
+            ("tv", "--gpu-decode --gpu-decoder torchvision, bf16 + channels_last + compile"),
+            ("nv", "--gpu-decode --gpu-decoder nvimgcodec, bf16 + channels_last + compile"),
+            ("ex", "pytorch/examples main.py configuration: Pillow, fp32, eager, bf16 + channels_last + compile"),
+            ("dm", "--dummy (no data path), bf16 + channels_last + compile"),
+        )
+        for col in ("img_per_s", "cpu_cores", "sm_util", "jpg_util")
+    },
+    "jpeg_tv_share": lambda f: 100 * f["jpeg_tv_img_per_s"] / f["jpeg_dummy"],
+    "jpeg_nv_share": lambda f: 100 * f["jpeg_nv_img_per_s"] / f["jpeg_dummy"],
+    "jpeg_ex_share": lambda f: 100 * f["jpeg_ex_img_per_s"] / f["jpeg_dummy"],
+    "jpeg_tv_x": lambda f: f["jpeg_tv_img_per_s"] / f["jpeg_ex_img_per_s"],
+    "jpeg_dm_x": lambda f: f["jpeg_dummy"] / f["jpeg_ex_img_per_s"],
+    # Transformer, packed rows
+    "tr_loop": lambda f: row(PK, "baseline loop, base, pad 350, fp32, batch 8", "tok_per_s"),
+    "tr_c1": lambda f: row(PK, TR_SCRIPT, "tok_per_s"),
+    "tr_c1_mfu": lambda f: 100 * row(PK, TR_SCRIPT, "mfu"),
+    "tr_c1_x": lambda f: f["tr_c1"] / f["tr_loop"],
+    "tr_whole": lambda f: row(PK, PK_STEP + "model and loss compiled together", "tok_per_s"),
+    "tr_whole_mfu": lambda f: 100 * row(PK, PK_STEP + "model and loss compiled together", "mfu"),
+    "tr_whole_first": lambda f: row(PK, PK_STEP + "model and loss compiled together", "first_step_s"),
+    "tr_layer": lambda f: row(PK, PK_STEP + "each layer and the loss compiled apart", "tok_per_s"),
+    "tr_layer_mfu": lambda f: 100 * row(PK, PK_STEP + "each layer and the loss compiled apart", "mfu"),
+    "tr_layer_first": lambda f: row(PK, PK_STEP + "each layer and the loss compiled apart", "first_step_s"),
+    "tr_pad": lambda f: row(PK, f"{PROFILE}, compile, model and loss compiled together", "tok_per_s"),
+    "tr_pad_mfu": lambda f: 100 * row(PK, f"{PROFILE}, compile, model and loss compiled together", "mfu"),
+    "tr_c1_share": lambda f: 100 * f["tr_c1"] / f["tr_whole"],
+    "tr_mask_eager": lambda f: row(PK, PK_STEP + "model and loss compiled together", "mask_ms_eager"),
+    "tr_mask_comp": lambda f: row(PK, PK_STEP + "model and loss compiled together", "mask_ms_compiled"),
+    "prof_wall": lambda f: grab(PK_PROF, r"^wall ([\d.]+) ms/step"),
+    "prof_attn": lambda f: grab(PK_PROF, r"attention \(SDPA\): ([\d.]+) ms"),
+    "prof_mm": lambda f: grab(PK_PROF, r"matmul: ([\d.]+) ms"),
+    "prof_ew": lambda f: grab(PK_PROF, r"fused elementwise/norm \(Triton\): ([\d.]+) ms"),
+    "prof_mm_peak": lambda f: 100 * 6 * 48.2e6 * 63775 / (f["prof_mm"] / 1e3) / 989e12,  # 6 x params x tokens
+    **per(
+        ("d04_t8k", "d04_t6k", "d03_t6k", "d03_t4k"),
+        "bleu_{}",
+        lambda k: best(f"tr_small_deen_bleu_packed_{k}_1xh100.jsonl", "bleu"),
+    ),
+    **per(
+        ("d04_t8k", "d04_t6k", "d03_t6k", "d03_t4k"),
+        "bleu60_{}",
+        lambda k: val(f"tr_small_deen_bleu_packed_{k}_1xh100.jsonl", "bleu", 60),
+    ),
+    "bleu_d03_t8k": lambda f: best("multi30k_deen_small_packed_compile_1xh100.jsonl", "bleu"),
+    "bleu60_d03_t8k": lambda f: val("multi30k_deen_small_packed_compile_1xh100.jsonl", "bleu", 60),
+    "bleu_pad": lambda f: best("tr_small_deen_bleu_1xh100.jsonl", "bleu"),
+    "bleu60_pad": lambda f: val("tr_small_deen_bleu_1xh100.jsonl", "bleu", 60),
     # ResNet-50
     "rn50_fp32_bare": lambda f: grab(Q200, r"\| bare step, fp32 \(TF32 convs, eager\) \| 256 \| ([\d,]+)"),
     "rn50_fp32_script": lambda f: grab(Q200, re.escape(R50_SCRIPT) + r" \| 256 \| ([\d,]+)"),
@@ -135,11 +193,6 @@ FIGURES = {
     "rn50_e4_eff": lambda f: eff(f, "rn50_e4", "rn50_e1", 4),
     "rn50_e22_eff": lambda f: eff(f, "rn50_e22", "rn50_e1", 4),
     "rn50_c4_eff": lambda f: eff(f, "rn50_c4", "rn50_c1", 4),
-    "jpeg_pil": lambda f: grab(Q100, r"Pillow DataLoader \| 256 \| ([\d,]+)"),
-    "jpeg_gpu": lambda f: grab(Q100, r"--gpu-decode \| 256 \| ([\d,]+)"),
-    "jpeg_pil_s": lambda f: grab(Q100, r"Pillow DataLoader \| 256 \| [\d,]+ \| (\d+)s"),
-    "jpeg_gpu_s": lambda f: grab(Q100, r"--gpu-decode \| 256 \| [\d,]+ \| (\d+)s"),
-    "jpeg_share": lambda f: 100 * f["jpeg_gpu"] / f["rn50_c1"],
     "ckpt_tr_s": lambda f: grab("tr_base_m8_trace_eager_4xh100.txt", r"([\d.]+) ms  boundary: save_checkpoint") / 1e3,
     # CIFAR-10 ResNet-18, the 80-epoch recipe
     **per(range(3), "c200_{}", lambda s: last_val(f"cifar_r18_e80_seed{s}_1xh200.jsonl", "acc1")),
@@ -168,60 +221,10 @@ FIGURES = {
     "if_s": lambda f: grab(Q200, r"\[(\d+) s wall\] python3 imagenet/train.py /tmp/inet"),
     "if_ips": lambda f: median("imagefolder_r18_cifar64px_1xh200.jsonl", "img_per_s", 0),
     # Transformer
-    "tr_loop": lambda f: row(TR1, LOOP, "tok_per_s"),
-    "tr_c1": lambda f: row(TR1, TR_SCRIPT, "tok_per_s"),
-    "tr_c1_mfu": lambda f: 100 * row(TR1, TR_SCRIPT, "mfu"),
-    "tr_c1_x": lambda f: f["tr_c1"] / f["tr_loop"],
-    "tr_whole": lambda f: row(TR1, f"{PROFILE}, model and loss compiled together", "tok_per_s"),
-    "tr_whole_mfu": lambda f: 100 * row(TR1, f"{PROFILE}, model and loss compiled together", "mfu"),
-    "tr_layer": lambda f: row(TR1, f"{PROFILE}, each layer and the loss compiled apart", "tok_per_s"),
-    "tr_layer_mfu": lambda f: 100 * row(TR1, f"{PROFILE}, each layer and the loss compiled apart", "mfu"),
-    "tr_layer_cost": lambda f: 100 * (1 - f["tr_layer"] / f["tr_whole"]),
-    "tr_c1_wall": lambda f: float(row(TR1, TR_SCRIPT, "wall").rstrip("s")),
-    "tr_whole_wall": lambda f: float(row("tr_base_compile_whole_cudnn_1xh100.json", TR_SCRIPT, "wall").rstrip("s")),
-    **per((1, 2, 4), "tr_e{}", lambda n: median(f"tr_base_m8_eager_{n}xh100.jsonl", "tok_per_s")),
-    **per((1, 2, 4), "tr_m{}", lambda n: median(f"tr_base_m8_compile_{n}xh100.jsonl", "tok_per_s")),
-    "tr_e2_eff": lambda f: eff(f, "tr_e2", "tr_e1", 2),
-    "tr_e4_eff": lambda f: eff(f, "tr_e4", "tr_e1", 4),
-    "tr_m2_eff": lambda f: eff(f, "tr_m2", "tr_m1", 2),
-    "tr_m4_eff": lambda f: eff(f, "tr_m4", "tr_m1", 4),
-    # --balance-steps: traced runs, the profiled window left out of each median (steps 11-20 on 4, 31-40 on 2)
-    "tr_b1": lambda f: median("tr_base_m8_compile_1xh100_run2.jsonl", "tok_per_s"),
-    "tr_t4": lambda f: median("tr_base_m8_trace_compile_4xh100.txt", "tok_per_s"),
-    "tr_b4": lambda f: median("tr_base_m8_trace_compile_balance_4xh100.txt", "tok_per_s"),
-    "tr_b2": lambda f: median("tr_base_m8_trace_compile_balance_2xh100.txt", "tok_per_s", 1, drop=(40,)),
-    "tr_t4_eff": lambda f: eff(f, "tr_t4", "tr_b1", 4),
-    "tr_b4_eff": lambda f: eff(f, "tr_b4", "tr_b1", 4),
-    "tr_b2_eff": lambda f: eff(f, "tr_b2", "tr_b1", 2),
-    "bleu_mix_10": lambda f: val("tr_small_deen_bleu_2xh100.jsonl", "bleu", 10),
-    "bleu_bal_10": lambda f: val("tr_small_deen_bleu_balance_steps_2xh100.jsonl", "bleu", 10),
-    "bleu_mix_60": lambda f: val("tr_small_deen_bleu_2xh100.jsonl", "bleu", 60),
-    "bleu_bal_60": lambda f: val("tr_small_deen_bleu_balance_steps_2xh100.jsonl", "bleu", 60),
-    "bleu_mix_best": lambda f: best("tr_small_deen_bleu_2xh100.jsonl", "bleu"),
-    "bleu_bal_best": lambda f: best("tr_small_deen_bleu_balance_steps_2xh100.jsonl", "bleu"),
-    # cuDNN attention: eager, 40 steps on Multi30k x 8 (every batch shape new), median after the first window
-    "cudnn_on": lambda f: median("tr_base_m8_eager_cudnn_1xh100.jsonl", "tok_per_s", 1),
-    "cudnn_off": lambda f: median("tr_base_m8_eager_nocudnn_1xh100.jsonl", "tok_per_s", 1),
-    "cudnn_x": lambda f: f["cudnn_off"] / f["cudnn_on"],
-    "bare_cudnn": lambda f: row(
-        "tr_base_bare_attention_cudnn_1xh100.json", f"{PROFILE}, model and loss compiled together", "tok_per_s"
-    ),
-    "bare_flash": lambda f: row(
-        "tr_base_bare_attention_flash_1xh100.json",
-        f"{PROFILE}, model and loss compiled together, attention: flash",
-        "tok_per_s",
-    ),
-    "prof_wall": lambda f: grab("tr_base_bare_profile_1xh100.txt", r"^wall ([\d.]+) ms/step"),
-    "prof_attn": lambda f: grab("tr_base_bare_profile_1xh100.txt", r"attention \(SDPA\): ([\d.]+) ms"),
-    "prof_mm_peak": lambda f: 100 * 6 * 48.2e6 * 2730 * 24 / (f["prof_mm"] / 1e3) / 989e12,  # 6 x params x tokens
-    "prof_mm": lambda f: grab("tr_base_bare_profile_1xh100.txt", r"matmul: ([\d.]+) ms"),
-    "prof_ew": lambda f: grab("tr_base_bare_profile_1xh100.txt", r"fused elementwise/norm \(Triton\): ([\d.]+) ms"),
     # Multi30k BLEU (small preset, greedy, 1,014 validation sentences)
     "deen_20": lambda f: val(BLEU1, "bleu", 20),
     "deen_60": lambda f: val(BLEU1, "bleu", 60),
     "deen_best": lambda f: best(BLEU1, "bleu"),
-    "deen_s": lambda f: grab(Q100, r"best val BLEU [\d.]+, wall ([\d.]+)s"),
-    "deen_tps": lambda f: median(BLEU1, "tok_per_s"),
     "ende_40": lambda f: val("tr_small_ende_bleu_1xh200.jsonl", "bleu", 40),
     "ende_s": lambda f: grab(Q200, r"best val BLEU [\d.]+, wall ([\d.]+)s"),
 }
@@ -247,20 +250,19 @@ BLOCKS = {
 | the same recipe, global batch 512 | `torchrun --nproc_per_node=2 ... -b 256` | 2× H100 | {c2_2_s:.0f}–{c2_0_s:.0f} s | val top-1 **{c2_mean:.2f} ± {c2_std:.2f}%** (3 seeds) |
 | the same recipe, global batch 512 | `torchrun --nproc_per_node=4 ... -b 128` | 4× H100 | {c4_s:.0f} s | val top-1 {c4:.2f}% (1 seed) |
 | `imagenet/train.py` on the CIFAR JPEGs as an ImageFolder, 64 px | `imagenet/train.py DIR -a resnet18 --recipe modern --epochs 10 ...` | 1× H200 | {if_s:.0f} s | val top-1 {if_acc:.2f}% (1 seed) |
-| Multi30k de→en, `small` | `transformer/train.py --preset small --max-tokens 8192 --lr 1e-3 --epochs 60` | 1× H100 | {deen_s:.0f} s | sacreBLEU {deen_20:.1f} at epoch 20, best {deen_best:.1f} (greedy, 1 seed) |
+| Multi30k de→en, `small` | `transformer/train.py --preset small --max-tokens 8192 --lr 1e-3 --epochs 60` | 1× H100 | — | sacreBLEU {deen_20:.1f} at epoch 20, best {deen_best:.1f} (greedy, 1 seed) |
 | Multi30k en→de, `small` | the same, `--lang-src en --lang-tgt de --epochs 40` | 1× H200 | {ende_s:.0f} s | sacreBLEU {ende_40:.1f} at epoch 40 (greedy, 1 seed) |
 
 Headline speed (each against a baseline measured in the same run where one is named):
 - **ResNet-50 weak scaling**, batch 256 per GPU, bf16 + channels_last: {rn50_e2_eff:.1f}% per GPU on 2 H100s and
   {rn50_e4_eff:.1f}% on 4 (eager); {rn50_c4_eff:.1f}% on 4 with `--compile` ({rn50_c4:,.0f} img/s). On one H200 in fp32
   the script runs at {rn50_fp32_ratio:.0f}% of a bare training step ({rn50_fp32_script:,.0f} img/s).
-- **Real JPEGs**, one H100, 16 CPU workers: `--gpu-decode` trains ResNet-50 at **{jpeg_gpu:,.0f} img/s** against
-  {jpeg_pil:,.0f} for the Pillow DataLoader on the same files.
+- **Real JPEGs**, ImageNet-sized, one H100: `--gpu-decode` trains ResNet-50 at **{jpeg_tv_img_per_s:,.0f} img/s**
+  ({jpeg_tv_share:.0f}% of `--dummy`), {jpeg_tv_x:.1f}× the pytorch/examples configuration on the same files.
 - **CIFAR-10**, one H100: `--gpu-data` reaches {cg_20:.1f}% in {cg_s:.1f} s (20 epochs), the DataLoader path
   {cl_20:.1f}% in {cl_s:.1f} s.
-- **Transformer `base`**, one H100: `--compile` trains at {tr_c1:,.0f} target tokens/s ({tr_c1_mfu:.1f}% MFU),
-  **{tr_c1_x:.0f}×** a tutorial-style padded fp32 loop in the same run. Weak scaling {tr_e2_eff:.1f}% per GPU on 2
-  H100s and {tr_e4_eff:.1f}% on 4 (eager, the default).
+- **Transformer `base`**, one H100, packed rows: `--compile` trains at {tr_c1:,.0f} target tokens/s
+  ({tr_c1_mfu:.1f}% MFU), **{tr_c1_x:.0f}×** a tutorial-style padded fp32 loop in the same run.
 """,
     "rn50-dummy": """\
 | what | bare training step | `imagenet/train.py --dummy` | script / bare | hardware | log |
@@ -285,19 +287,25 @@ with `CUDA_VISIBLE_DEVICES=0,1` and `2,3` (one world of 4). The baseline is the 
 | bf16 + channels_last + `--compile` | 4 | {rn50_c4:,.0f} | {rn50_c4_eff:.1f}% | [[rn50_bf16_cl_compile_4xh100.jsonl]] |
 """,
     "rn50-jpeg": """\
-Hardware: 1× {H100}, the loader pinned to 17 cores. Command: `python3 bench/benchmark.py --only jpeg --cifar-dir /tmp/c
---out /tmp/jpeg`, which writes 25,600 + 512 CIFAR JPEGs upscaled to 500×375 (quality 90, 17 KB on average) and
-trains one epoch of ResNet-50 on them (`imagenet/train.py -b 256 --epochs 1 -j 16 --amp bf16 --channels-last
---compile`, plus `--gpu-decode` on the second row). Log: [[{Q100}]].
+Hardware: {H100_16}. Command: `python3 bench/benchmark.py --only jpeg --jpeg-images 15360 --out /tmp/jb`, which
+writes 15,360 + 512 ImageNet-sized JPEGs (500×375, quality 90, texture at six scales, 100 KB on average) and
+trains one epoch of ResNet-50 on them with each data path, one after the other in the same run (batch 256; the
+exact command of each row is in the log: [[{JPEG}]], console [[jpeg_decode_paths_1xh100.log]]). CPU cores busy is
+the processes' CPU time over wall time; SM and JPEG-engine use are NVML's, sampled during the run.
 
-| data path | img/s | whole run |
-|---|---|---|
-| Pillow DataLoader (decode, RandomResizedCrop, flip on 16 CPU workers): the baseline | {jpeg_pil:,.0f} | {jpeg_pil_s:.0f} s |
-| `--gpu-decode` (file bytes from 16 workers, batched `decode_jpeg(device="cuda")`, augmentation on the GPU) | **{jpeg_gpu:,.0f}** | {jpeg_gpu_s:.0f} s |
+| data path | img/s | of `--dummy` | CPU cores busy | SM busy | JPEG engines busy |
+|---|---|---|---|---|---|
+| `--dummy` (no data path), bf16 + channels_last + `--compile`: the ceiling | {jpeg_dummy:,.0f} | 100% | {jpeg_dm_cpu_cores:.1f} | {jpeg_dm_sm_util:.0f}% | — |
+| `--gpu-decode` (torchvision `decode_jpeg(device="cuda")`, the default), `-j 8`, same precision | **{jpeg_tv_img_per_s:,.0f}** | {jpeg_tv_share:.0f}% | {jpeg_tv_cpu_cores:.1f} | {jpeg_tv_sm_util:.0f}% | {jpeg_tv_jpg_util:.0f}% |
+| `--gpu-decode --gpu-decoder nvimgcodec` (nvImageCodec, hardware decoder), `-j 8` | {jpeg_nv_img_per_s:,.0f} | {jpeg_nv_share:.0f}% | {jpeg_nv_cpu_cores:.1f} | {jpeg_nv_sm_util:.0f}% | {jpeg_nv_jpg_util:.0f}% |
+| pytorch/examples `main.py` configuration: Pillow on 16 workers, fp32, eager: the user's baseline | {jpeg_ex_img_per_s:,.0f} | {jpeg_ex_share:.0f}% | {jpeg_ex_cpu_cores:.1f} | {jpeg_ex_sm_util:.0f}% | — |
 
-`--gpu-decode` runs at {jpeg_share:.0f}% of the `--dummy` rate with `--compile` on this host ({rn50_c1:,.0f} img/s,
-table above, another run). The upscaled files are smoother than ImageNet's (~110 KB), so entropy decoding is
-lighter; the pixel count per image (187,500) is above ImageNet's average.
+`--gpu-decode` is {jpeg_tv_x:.1f}× the pytorch/examples configuration on the same files; `--dummy` itself is
+{jpeg_dm_x:.1f}× it, the most any data path can reach on this GPU. **Why nvImageCodec is not the default.** Its
+hardware decode is exact (mean absolute difference against Pillow 0.04 levels, torchvision's 1.7) but slower
+here: a profile of 8 compiled steps ([[jpeg_decode_nvimgcodec_profile_1xh100.txt]]) shows 101.8 ms a step against
+46.0 ms on a resident batch, with only 50.7 ms of GPU kernels: each image's pageable host-to-device copy and colour
+conversion run on nvImageCodec's own streams, and `decode()` returns only after them, so the GPU waits for data.
 """,
     "checkpoint": """\
 - Transformer `base` (48.2M parameters; weights and AdamW's two moments, about 580 MB), 4× {H100}: rank 0 writes `last.pt` in
@@ -334,87 +342,48 @@ Hardware: {H200}; 1, 2 or 4 × {H100}.
 The two ran on two hosts of the same type. The DataLoader path is bound by JPEG decoding on the CPU.
 """,
     "tr-throughput": """\
-Hardware: 1× {H100}. Command: `python3 bench/benchmark.py --only transformer --multi30k .data/multi30k --tr-configs
-base:65536:compile,base:65536:bare:lossc,base:65536:bare:regional --tr-nprocs 1 --tr-steps 40`; all rows come from
-this one run ([[{TR1}]]). MFU = 6 × 48.2M × target tokens/s ÷ 989 TFLOP/s (dense bf16), target tokens
-only, attention left out.
+Hardware: {H100_16}. Command: `bash bench/reproduce.sh transformer` (its `bench/benchmark.py --only transformer` packed and unpacked
+bare-step rows and `base:65536:compile` script row); all rows come from this one run ([[{PK}]], console
+[[transformer_base_packed_bare_1xh100.log]]). MFU = 6 × 48.2M × real target tokens/s ÷ 989 TFLOP/s (dense bf16),
+attention left out.
 
-| what | target tokens/s | MFU | × baseline |
+| what | real target tokens/s | MFU | first step (compile) |
 |---|---|---|---|
-| baseline: the tutorial's loop, every sentence padded to 350 tokens, fp32, batch 8 | {tr_loop:,.0f} | — | 1 |
-| `transformer/train.py --preset base --max-tokens 65536 --compile`, Multi30k | **{tr_c1:,.0f}** | {tr_c1_mfu:.1f}% | **{tr_c1_x:.0f}** |
-| bare step, 2,730 × 24 tokens, no padding, model and loss compiled whole | {tr_whole:,.0f} | {tr_whole_mfu:.1f}% | — |
-| bare step, each layer and the loss compiled apart (what `--compile` does) | {tr_layer:,.0f} | {tr_layer_mfu:.1f}% | — |
+| baseline: the tutorial's loop, every sentence padded to 350 tokens, fp32, batch 8 | {tr_loop:,.0f} | — | — |
+| `transformer/train.py --preset base --max-tokens 65536 --compile`, Multi30k | **{tr_c1:,.0f}** ({tr_c1_x:.0f}× the baseline, {tr_c1_share:.0f}% of the bare step) | {tr_c1_mfu:.1f}% | — |
+| bare step, 64 packed rows of 1,024 tokens, model and loss compiled whole (what `--compile` does) | {tr_whole:,.0f} | {tr_whole_mfu:.1f}% | {tr_whole_first:.0f} s |
+| bare step, packed, each layer and the loss compiled apart | {tr_layer:,.0f} | {tr_layer_mfu:.1f}% | {tr_layer_first:.0f} s |
+| bare step, 2,730 unpadded rows of 24 tokens (the best a padded batch can do) | {tr_pad:,.0f} | {tr_pad_mfu:.1f}% | — |
 
-**Why the MFU is low.** A `torch.profiler` trace of the bare step, with cuDNN attention as PyTorch picks it
-([[tr_base_bare_profile_1xh100.txt]]), gives per {prof_wall:.1f} ms step:
-matmuls {prof_mm:.1f} ms ({prof_mm_peak:.0f}% of the GPU's peak already), attention {prof_attn:.1f} ms on 24-token rows
-(under 1% of peak; the kernels' tiles are mostly empty) and {prof_ew:.1f} ms of fused LayerNorm, dropout and
-residual work, which at width 512 is memory traffic of the same order as the matmuls.
+The three block masks of a packed batch take {tr_mask_eager:.0f} ms to build eagerly and {tr_mask_comp:.2f} ms
+compiled; `train.py` builds them compiled.
 
-**Why `--compile` compiles each layer apart.** The six encoder layers share one compiled graph and the six
-decoder layers another, so DDP needs no graph splitting and compilation is short: a 40-step run of the script
-took {tr_c1_wall:.0f} s, against {tr_whole_wall:.0f} s when the whole model was compiled
-([log](@tr_base_compile_whole_cudnn_1xh100.json), with cuDNN attention then). It costs {tr_layer_cost:.1f}%
-on the bare step.
-""",
-    "tr-scaling": """\
-Hardware: {H100}. Corpus: Multi30k × 8 (232,000 pairs: 60 steps an epoch on 1 GPU, 30 on 2, 15 on 4), built by
-`bench/reproduce.sh scaling`. Command: `torchrun --standalone --nproc_per_node=N {M8_CMD} [--compile]`.
-Throughput is the median of the 10-step windows 21–70; the baseline is the 1-GPU run of the same configuration.
-
-| configuration | GPUs | target tokens/s | per-GPU efficiency | log |
-|---|---|---|---|---|
-| eager (the default) | 1 | {tr_e1:,.0f} | — | [[tr_base_m8_eager_1xh100.jsonl]] |
-| eager | 2 | {tr_e2:,.0f} | **{tr_e2_eff:.1f}%** | [[tr_base_m8_eager_2xh100.jsonl]] |
-| eager | 4 | {tr_e4:,.0f} | **{tr_e4_eff:.1f}%** | [[tr_base_m8_eager_4xh100.jsonl]] |
-| `--compile` | 1 | {tr_m1:,.0f} | — | [[tr_base_m8_compile_1xh100.jsonl]] |
-| `--compile` | 2 | {tr_m2:,.0f} | {tr_m2_eff:.1f}% | [[tr_base_m8_compile_2xh100.jsonl]] |
-| `--compile` | 4 | {tr_m4:,.0f} | {tr_m4_eff:.1f}% | [[tr_base_m8_compile_4xh100.jsonl]] |
-
-Console output of these runs: [[console_tr_base_m8_scaling_4xh100.log]].
-""",
-    "tr-balance": """\
-**Why `--balance-steps` exists, and why it is off.** Under DDP every rank waits for the slowest, and a batch's
-time grows with its row count (sentences), which differs between ranks although each holds 65,536 padded
-tokens. `--balance-steps` gives each step's ranks batches of neighbouring row counts. Compiled, traced with
-`bench/trace_boundary.py` (the profiled window left out of each median), against a 1-GPU compiled run of the same
-configuration ({tr_b1:,.0f} tok/s, [log](@tr_base_m8_compile_1xh100_run2.jsonl)):
-
-| run | target tokens/s | per-GPU efficiency | log |
-|---|---|---|---|
-| `--compile`, 4 GPUs | {tr_t4:,.0f} | {tr_t4_eff:.1f}% | [[tr_base_m8_trace_compile_4xh100.txt]] |
-| `--compile --balance-steps`, 4 GPUs | {tr_b4:,.0f} | {tr_b4_eff:.1f}% | [[tr_base_m8_trace_compile_balance_4xh100.txt]] |
-| `--compile --balance-steps`, 2 GPUs | {tr_b2:,.0f} | {tr_b2_eff:.1f}% | [[tr_base_m8_trace_compile_balance_2xh100.txt]] |
-
-Console output of these runs: [[console_tr_base_m8_compile_balance_4xh100.log]].
-
-It costs early quality: the de→en recipe on 2× {H100} (`torchrun --nproc_per_node=2 {BLEU_CMD}
-[--balance-steps]`) reached sacreBLEU {bleu_bal_10:.1f} at epoch 10 with it against {bleu_mix_10:.1f} without, and
-{bleu_bal_60:.2f} / {bleu_mix_60:.2f} at epoch 60 (best {bleu_bal_best:.2f} / {bleu_mix_best:.2f}; one seed each:
-[with](@tr_small_deen_bleu_balance_steps_2xh100.jsonl), [without](@tr_small_deen_bleu_2xh100.jsonl)).
-So it stays off by default; it pays on several GPUs when step time matters more than the first epochs.
-""",
-    "tr-cudnn": """\
-**Why cuDNN attention is off** (`--cudnn-attention` turns it on). PyTorch picks cuDNN's SDPA kernels on H100, and
-with them every new batch shape costs time; token-budget batches bring a new (rows, source length, target length)
-almost every step. Eager `base` on Multi30k × 8 (every shape new within 40 steps), 1× {H100}: {cudnn_on:,.0f}
-target tokens/s with cuDNN against **{cudnn_off:,.0f}** without, {cudnn_x:.1f}× ([with](@tr_base_m8_eager_cudnn_1xh100.jsonl),
-[without](@tr_base_m8_eager_nocudnn_1xh100.jsonl)). On one fixed shape the kernels without cuDNN are also
-faster: {bare_flash:,.0f} against {bare_cudnn:,.0f} tok/s for the bare step
-([without](@tr_base_bare_attention_flash_1xh100.json), [with](@tr_base_bare_attention_cudnn_1xh100.json); commands
-in [[console_tr_base_bare_attention_flash_1xh100.log]] and [[console_tr_base_bare_attention_cudnn_1xh100.log]]).
+**Why the MFU is low.** A `torch.profiler` trace of the packed bare step ([[{PK_PROF}]]) gives per {prof_wall:.1f} ms
+step: matmuls {prof_mm:.1f} ms ({prof_mm_peak:.0f}% of the GPU's peak already), FlexAttention {prof_attn:.1f} ms and
+{prof_ew:.1f} ms of fused LayerNorm, dropout and residual work, which at width 512 is memory traffic of the same order
+as the matmuls. Packing removed most of the attention time of 24-token rows; the elementwise work is what is left.
 """,
     "tr-bleu": """\
 sacreBLEU `nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0`, greedy decoding, detokenized and cased,
-over all 1,014 validation sentences; one seed each. Wall is the script's own, process start to end.
+over all 1,014 validation sentences; one seed each.
 
-| direction | hardware | command | BLEU | wall | log |
-|---|---|---|---|---|---|
-| de→en | 1× {H100} | `python3 {BLEU_CMD}` | {deen_20:.2f} at epoch 20, {deen_60:.2f} at 60, best **{deen_best:.2f}** | {deen_s:.1f} s | [[{BLEU1}]] |
-| en→de | {H200} | the same with `--lang-src en --lang-tgt de --epochs 40 -p 1000` | **{ende_40:.2f}** at epoch 40 | {ende_s:.1f} s | [[tr_small_ende_bleu_1xh200.jsonl]] |
+| direction | hardware | command | BLEU | log |
+|---|---|---|---|---|
+| de→en | {H100_16} | `python3 {BLEU_CMD} --compile` | {deen_20:.2f} at epoch 20, {deen_60:.2f} at 60, best **{deen_best:.2f}** | [[{BLEU1}]] |
+| en→de | {H200} | the same with `--lang-src en --lang-tgt de --epochs 40 -p 1000`, padded batches, dropout 0.3 with attention dropout | **{ende_40:.2f}** at epoch 40 | [[tr_small_ende_bleu_1xh200.jsonl]] |
 
-The de→en run trained at a median {deen_tps:,.0f} target tokens/s with other jobs on the host's other GPUs.
+**Why the `small` preset's dropout is 0.4.** FlexAttention has no dropout on the attention probabilities. At the
+old 0.3 the packed model overfit after epoch 30; the de→en recipe with `--compile` (`--eval-every 5`), four
+variants at once on one H100 (their speed is not comparable), and the two earlier runs alone on one:
+
+| dropout | `--max-tokens` | best BLEU | BLEU at epoch 60 | log |
+|---|---|---|---|---|
+| 0.4 (the default) | 8,192 | **{bleu_d04_t8k:.2f}** | {bleu60_d04_t8k:.2f} | [[tr_small_deen_bleu_packed_d04_t8k_1xh100.jsonl]] |
+| 0.4 | 6,144 | {bleu_d04_t6k:.2f} | {bleu60_d04_t6k:.2f} | [[tr_small_deen_bleu_packed_d04_t6k_1xh100.jsonl]] |
+| 0.3 | 8,192 | {bleu_d03_t8k:.2f} | {bleu60_d03_t8k:.2f} | [[multi30k_deen_small_packed_compile_1xh100.jsonl]] |
+| 0.3 | 6,144 | {bleu_d03_t6k:.2f} | {bleu60_d03_t6k:.2f} | [[tr_small_deen_bleu_packed_d03_t6k_1xh100.jsonl]] |
+| 0.3 | 4,096 | {bleu_d03_t4k:.2f} | {bleu60_d03_t4k:.2f} | [[tr_small_deen_bleu_packed_d03_t4k_1xh100.jsonl]] |
+| 0.3 with attention dropout, padded batches (before packing) | 8,192 | {bleu_pad:.2f} | {bleu60_pad:.2f} | [[tr_small_deen_bleu_1xh100.jsonl]] |
 """,
     "imagefolder": """\
 `imagenet/train.py` on the 50,000 CIFAR JPEGs as an ImageFolder (45,000 train, every tenth file as val), ResNet-18

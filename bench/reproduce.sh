@@ -4,11 +4,11 @@
 #   bash bench/reproduce.sh WORKLOAD [--gpus N] [--out DIR]
 #
 #   rn50         ResNet-50 --dummy: bare step against the script (fp32), weak scaling eager and compiled
-#   jpeg         ResNet-50 on real JPEGs: Pillow DataLoader against --gpu-decode (1 GPU)
+#   jpeg         ResNet-50 on ImageNet-sized JPEGs: --dummy, both --gpu-decode decoders, the pytorch/examples setup
 #   cifar        CIFAR-10 ResNet-18: the 80-epoch recipe (3 seeds) on 1..N GPUs, then each data path for 20 epochs
-#   transformer  transformer base on 1 GPU: the script, the bare step and the tutorial-style baseline loop
-#   scaling      transformer base weak scaling on Multi30k x 8: eager, --compile, --compile --balance-steps
-#   bleu         Multi30k de->en and en->de (small preset, 1 GPU); de->en with and without --balance-steps (2 GPUs)
+#   transformer  transformer base on 1 GPU: the script, packed and unpacked bare steps, the tutorial-style loop
+#   scaling      transformer base weak scaling on Multi30k x 8: eager and --compile
+#   bleu         Multi30k de->en and en->de (small preset, --compile, 1 GPU)
 #   restart      elastic restart after SIGKILL, and the checkpoint's size and save time (bench/kill_restart.py)
 #   nccl         all_reduce bus bandwidth (common.doctor)
 #
@@ -101,10 +101,8 @@ cifar)
     keep /tmp/c20_loader cifar_r18_e20_dataloader_1x
   ;;
 transformer)
-  python3 bench/benchmark.py --only transformer --multi30k "$MULTI30K" --tr-nprocs 1 --tr-steps 40 \
-    --tr-configs base:65536:compile,base:65536:bare:lossc,base:65536:bare:regional --out "$out/tr_base_1x"
-  python3 bench/benchmark.py --only transformer --multi30k "$MULTI30K" --tr-nprocs 1 --tr-steps 40 \
-    --tr-configs base:65536:bare:lossc,base:65536:bare:lossc:cudnn,base:65536:bare:lossc:cudnn:profile --out "$out/tr_base_bare_attention_1x"
+  python3 bench/benchmark.py --only transformer --multi30k "$MULTI30K" --tr-nprocs 1 \
+    --tr-configs base:65536:compile,base:65536:compile:bare:lossc,base:65536:compile:bare:lossc:packed:profile,base:65536:compile:bare:regional:packed --out "$out/tr_base_packed_1x"
   ;;
 scaling)
   m8_data
@@ -113,24 +111,13 @@ scaling)
   for n in "${counts[@]}"; do
     launch "$n" "${M8[@]}" --output-dir "/tmp/m8e_$n" && keep "/tmp/m8e_$n" "tr_base_m8_eager_${n}x"
     launch "$n" "${M8[@]}" --compile --output-dir "/tmp/m8c_$n" && keep "/tmp/m8c_$n" "tr_base_m8_compile_${n}x"
-    if [ "$n" -gt 1 ]; then
-      launch "$n" "${M8[@]}" --compile --balance-steps --output-dir "/tmp/m8b_$n" &&
-        keep "/tmp/m8b_$n" "tr_base_m8_compile_balance_${n}x"
-    fi
   done
-  launch 1 "${M8[@]}" --max-steps 40 --cudnn-attention --output-dir /tmp/m8_cudnn &&
-    keep /tmp/m8_cudnn tr_base_m8_eager_cudnn_1x
   ;;
 bleu)
   B=(transformer/train.py --data "$MULTI30K" --preset small --max-tokens 8192 --lr 1e-3 --warmup-steps 1000
-    --eval-every 5 -p 100 --samples 0)
+    --eval-every 5 -p 100 --samples 0 --compile)
   python3 "${B[@]}" --lang-src de --lang-tgt en --epochs 60 --output-dir /tmp/deen && keep /tmp/deen tr_small_deen_bleu_1x
   python3 "${B[@]}" --lang-src en --lang-tgt de --epochs 40 --output-dir /tmp/ende && keep /tmp/ende tr_small_ende_bleu_1x
-  if [ "$gpus" -ge 2 ]; then
-    launch 2 "${B[@]}" --lang-src de --lang-tgt en --epochs 60 --output-dir /tmp/deen2 && keep /tmp/deen2 tr_small_deen_bleu_2x
-    launch 2 "${B[@]}" --lang-src de --lang-tgt en --epochs 60 --balance-steps --output-dir /tmp/deen2b &&
-      keep /tmp/deen2b tr_small_deen_bleu_balance_steps_2x
-  fi
   ;;
 restart)
   python3 bench/kill_restart.py --nproc "$gpus" --out /tmp/kill_restart

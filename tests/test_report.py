@@ -36,12 +36,12 @@ def test_a_figure_edited_by_hand_fails_the_check(tmp_path):
 
 def test_a_changed_log_fails_the_check(tmp_path):
     repo = copy_docs(tmp_path)
-    log = repo / "docs/runs/tr_base_m8_eager_2xh100.jsonl"
+    log = repo / "docs/runs/jpeg_decode_paths_1xh100.json"
     old = log.read_text()
-    log.write_text(old.replace('"tok_per_s": 772877.', '"tok_per_s": 700000.'))
+    log.write_text(old.replace('"img_per_s": 4172.58', '"img_per_s": 4272.58'))
     assert log.read_text() != old
     p = run([PY, "bench/report.py", "--check"], cwd=repo, check=False)
-    assert p.returncode == 1 and "block 'tr-scaling' differs" in p.stderr, p.stderr
+    assert p.returncode == 1 and "block 'rn50-jpeg' differs" in p.stderr, p.stderr
 
 
 def slug(heading: str) -> str:

@@ -52,9 +52,9 @@ PRESETS = {
 def allow_cudnn_attention(allow: bool) -> None:
     """Whether F.scaled_dot_product_attention may use cuDNN's fused attention (flash and memory-efficient
     kernels remain). PyTorch picks cuDNN first on H100, but every new input shape costs cuDNN time (a new
-    execution plan, we infer), and token-budget batches and step-by-step decoding bring new shapes all the
-    time: on one H100, eager `base` training on many batch shapes ran at 158k target tokens/s with it and
-    384k without (BENCHMARKS.md, "Why cuDNN attention is off"). Off by default in train.py and translate.py."""
+    execution plan, we infer), and evaluation's length-sorted batches and step-by-step decoding bring new shapes
+    all the time: on one H100, eager `base` training on padded batches of many shapes ran at 158k target tokens/s
+    with it and 384k without. Off by default in train.py (training itself runs FlexAttention) and translate.py."""
     torch.backends.cuda.enable_cudnn_sdp(allow)
 
 
