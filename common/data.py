@@ -113,9 +113,10 @@ def worker_context(num_workers: int) -> multiprocessing.context.BaseContext | No
     take the GIL now and then, e.g. to release a tensor after a collective. A worker forked at such an instant
     inherits a lock held by a thread that does not exist in it, and waits for it forever; the loader then waits for
     the worker, and the other ranks for this one. Python before 3.11.10 and 3.12 hangs this way inside ``os.fork()``
-    whenever a C++ thread was creating its Python thread state (CPython gh-112275): 1 fork in about 1,000 on two
-    CPU ranks with a gloo all-reduce in flight. The fork server is a fresh single-threaded process that imports torch
-    once; it is started here, at once, so its imports overlap the model's construction.
+    whenever a C++ thread was creating its Python thread state (CPython gh-112275): twice in about 6,200 iterations of
+    bench/fork_stress.py (two CPU ranks, gloo work in flight), never in 7,100 with the fork server. The fork server
+    is a fresh single-threaded process that imports torch once; it is started here, at once, so its imports overlap
+    the model's construction.
     """
     if num_workers <= 0 or "forkserver" not in multiprocessing.get_all_start_methods():
         return None  # no workers, or spawn (macOS, Windows): nothing is forked
