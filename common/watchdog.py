@@ -28,9 +28,9 @@ from typing import TypeVar
 T = TypeVar("T")
 
 STALL_EXIT_CODE = 124  # as timeout(1): the command ran out of time
-# 20 minutes. A healthy rank never stays this long in one phase: the longest is a first step with a whole-model
-# torch.compile (transformer `base`: 368 s for a 40-step run, most of it compiling; BENCHMARKS.md, "Throughput and
-# MFU, 1 GPU"), and a first NCCL init takes seconds to a minute. It is also twice --dist-timeout's default (600 s),
+# 20 minutes. A healthy rank never stays this long in one phase: the longest is a first step with
+# torch.compile (transformer `base`: 47-58 s on an H100, BENCHMARKS.md "Throughput and MFU, 1 GPU"; minutes on a
+# busy CPU), and a first NCCL init takes seconds to a minute. It is also twice --dist-timeout's default (600 s),
 # so a collective that can time out on its own reports its own error first.
 DEFAULT_STALL_TIMEOUT = 1200.0
 # The first training step (DataLoader workers starting, a fork server importing torch, torch.compile, NCCL
