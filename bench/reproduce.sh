@@ -5,7 +5,8 @@
 #
 #   rn50         ResNet-50 --dummy: bare step against the script (fp32), weak scaling eager and compiled
 #   jpeg         ResNet-50 on ImageNet-sized JPEGs: --dummy, both --gpu-decode decoders, the pytorch/examples setup
-#   cifar        CIFAR-10 ResNet-18: the 80-epoch recipe (3 seeds) on 1..N GPUs, then each data path for 20 epochs
+#   cifar        CIFAR-10 recipes ($CIFAR_SEEDS seeds, default 3; one run per GPU, in rounds): fast and full ResNet-18,
+#                full ResNet-50 on 1 GPU and on 2; then each data path for 20 epochs
 #   transformer  transformer base on 1 GPU: the script, packed and unpacked bare steps, the tutorial-style loop
 #   scaling      transformer base weak scaling on Multi30k x 8: eager and --compile
 #   bleu         Multi30k de->en and en->de (small preset, --compile, 1 GPU)
@@ -19,7 +20,7 @@
 set -euo pipefail
 
 usage() {
-  sed -n '2,19s/^# \{0,1\}//p' "$0" >&2
+  sed -n '2,20s/^# \{0,1\}//p' "$0" >&2
   exit 2
 }
 [ $# -ge 1 ] || usage
@@ -88,16 +89,35 @@ jpeg)
   ;;
 cifar)
   cifar_data
-  C=(cifar_resnet/train.py --data-dir /tmp/c --val-split 5000 --compile --lr 0.4 -j 16 --tta -p 1000)
-  for n in "${counts[@]}"; do # the global batch stays 512
-    for s in 0 1 2; do
-      launch "$n" "${C[@]}" --gpu-data -b $((512 / n)) --epochs 80 --eval-every 10 --seed "$s" \
-        --output-dir "/tmp/c80_${n}_$s" && keep "/tmp/c80_${n}_$s" "cifar_r18_e80_seed${s}_${n}x"
-    done
+  C=(cifar_resnet/train.py --data-dir /tmp/c --val-split 5000 --gpu-data --compile -b 512 -j 16 --tta -p 1000)
+  FAST=(--lr 0.4 --epochs 80 --eval-every 10)                                       # fast ResNet-18
+  R18=(--lr 0.4 --epochs 200 --random-erasing 0.5 --ema 0.999 --eval-every 20)     # full ResNet-18
+  R50=(-a resnet50 --lr 0.4 --epochs 100 --random-erasing 0.5 --ema 0.999 --eval-every 10) # full ResNet-50
+  seeds=${CIFAR_SEEDS:-3}
+  # The first run decodes the JPEGs into the cache next to them (its "data" time); the others read the cache.
+  rm -f /tmp/c/.decoded-*.npz
+  python3 "${C[@]}" "${FAST[@]}" --seed 0 --output-dir /tmp/cfast_0 && keep /tmp/cfast_0 cifar_r18_fast_seed0_1x
+  on_gpu() { # on_gpu NAME ARGS...: one single-GPU run, on the next free GPU once all are busy
+    local g=$((slot++ % gpus))
+    [ "$g" -gt 0 ] || wait
+    (CUDA_VISIBLE_DEVICES=$g python3 "${C[@]}" "${@:2}" --output-dir "/tmp/$1" && keep "/tmp/$1" "$1") &
+  }
+  slot=0
+  for ((s = 1; s < seeds; s++)); do on_gpu "cifar_r18_fast_seed${s}_1x" "${FAST[@]}" --seed "$s"; done
+  for ((s = 0; s < seeds; s++)); do
+    on_gpu "cifar_r18_full_seed${s}_1x" "${R18[@]}" --seed "$s"
+    on_gpu "cifar_r50_full_seed${s}_1x" "${R50[@]}" --seed "$s"
   done
-  python3 "${C[@]}" --gpu-data -b 512 --epochs 20 --eval-every 5 --seed 0 --output-dir /tmp/c20_gpu &&
+  wait
+  if [ "$gpus" -ge 2 ]; then # ResNet-50 on 2 GPUs, the global batch unchanged
+    for ((s = 0; s < seeds; s++)); do
+      launch 2 "${C[@]}" "${R50[@]}" -b 256 --seed "$s" --output-dir "/tmp/cr50_2_$s" &&
+        keep "/tmp/cr50_2_$s" "cifar_r50_full_seed${s}_2x"
+    done
+  fi
+  python3 "${C[@]}" --lr 0.4 --epochs 20 --eval-every 5 --seed 0 --output-dir /tmp/c20_gpu &&
     keep /tmp/c20_gpu cifar_r18_e20_gpudata_1x
-  python3 "${C[@]}" -b 512 --epochs 20 --eval-every 5 --seed 0 --output-dir /tmp/c20_loader &&
+  python3 "${C[@]:0:5}" "${C[@]:6}" --lr 0.4 --epochs 20 --eval-every 5 --seed 0 --output-dir /tmp/c20_loader &&
     keep /tmp/c20_loader cifar_r18_e20_dataloader_1x
   ;;
 transformer)

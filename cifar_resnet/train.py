@@ -24,6 +24,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # find common/ when run as a script
+from cifar_resnet.data import (
+    MEAN,
+    STD,
+    gpu_crop_flip,
+    gpu_random_erasing,
+    load_splits,
+    normalize,
+    to_uint8_tensors,
+    train_transform,
+)
 from common.checkpoint import Position, resolve_resume, restore_training, save_checkpoint, set_schedule_position
 from common.data import (
     ExactEvalSampler,
@@ -58,7 +68,6 @@ from common.utils import (
 from common.watchdog import CHECKPOINT, Watchdog
 
 T_START = time.time()
-MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 
 
@@ -80,7 +89,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--gpu-data", action="store_true", help="keep the uint8 dataset on the device; crop+flip there (fastest)"
     )
-    g.add_argument("-j", "--workers", type=int, default=4, help="DataLoader workers per process")
+    g.add_argument("-j", "--workers", type=int, default=4, help="DataLoader workers per process (and decode processes)")
+    g.add_argument("--random-erasing", type=float, default=0.0, help="erase a random rectangle with probability P")
     g = p.add_argument_group("model")
     g.add_argument("-a", "--arch", default="resnet18", help="|".join(ARCHS))
     g.add_argument("--compile", action="store_true", help="torch.compile the model")
@@ -96,6 +106,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=True)
     g.add_argument("--wd", "--weight-decay", dest="weight_decay", type=float, default=5e-4)
     g.add_argument("--label-smoothing", type=float, default=0.1)
+    g.add_argument("--ema", type=float, default=0.0, help="evaluate an average of the weights with this decay (0: off)")
     g.add_argument("--warmup-epochs", type=float, default=1.0)
     g.add_argument("--sched", choices=("cosine", "onecycle"), default="cosine")
     g.add_argument(
@@ -116,142 +127,6 @@ def get_args_parser() -> argparse.ArgumentParser:
     return p
 
 
-# ------------------------------------------------------------------ data
-
-
-class SyntheticCIFAR(torch.utils.data.Dataset):
-    """Sample i is a fixed function of (seed, i): deterministic, no disk."""
-
-    def __init__(self, n: int, seed: int, transform=None):
-        self.n, self.seed, self.transform = n, seed, transform
-        self.targets = [i % 10 for i in range(n)]
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        g = torch.Generator().manual_seed(mix_seed(self.seed, i))
-        img = torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8, generator=g)
-        return (self.transform(img) if self.transform else img), self.targets[i]
-
-
-class CIFARPickles(torch.utils.data.Dataset):
-    """torchvision's CIFAR-10 files (cifar-10-batches-py/), read without MD5 checks so copies work."""
-
-    def __init__(self, folder: Path, train: bool, transform=None):
-        import pickle
-
-        import numpy as np
-
-        names = [f"data_batch_{i}" for i in range(1, 6)] if train else ["test_batch"]
-        data, self.targets = [], []
-        for name in names:
-            try:
-                with open(folder / name, "rb") as f:
-                    entry = pickle.load(f, encoding="latin1")
-            except (OSError, pickle.UnpicklingError, EOFError) as e:
-                raise UserError(f"cannot read CIFAR-10 batch {folder / name}: {e}") from None
-            data.append(entry["data"])
-            self.targets += entry["labels"]
-        self.data = np.concatenate(data).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)  # NHWC uint8
-        self.transform = transform
-
-    def __len__(self) -> int:
-        return len(self.targets)
-
-    def __getitem__(self, i: int):
-        from PIL import Image
-
-        img = Image.fromarray(self.data[i])
-        return (self.transform(img) if self.transform else img), self.targets[i]
-
-
-def load_splits(args, transform_train, transform_eval):
-    """(train, eval, eval_name) datasets for the chosen source, with their transforms."""
-    from torchvision import datasets
-
-    if args.synthetic:
-        return (
-            SyntheticCIFAR(5000, args.seed, transform_train),
-            SyntheticCIFAR(1000, args.seed + 1, transform_eval),
-            "val",
-        )
-    root = Path(args.data_dir)
-    if args.download or (root / "cifar-10-batches-py").is_dir():
-        if args.download:
-            datasets.CIFAR10(str(root), download=True)  # fetch and MD5-check once
-        make = functools.partial(CIFARPickles, root / "cifar-10-batches-py")
-        train, test = make(train=True, transform=transform_train), make(train=False, transform=transform_eval)
-        eval_name = "test"
-    elif (root / "train").is_dir():
-        test_dir = next((root / s for s in ("test", "val") if (root / s).is_dir()), None)
-        try:
-            train = datasets.ImageFolder(str(root / "train"), transform=transform_train)
-            test = datasets.ImageFolder(str(test_dir), transform=transform_eval) if test_dir else None
-        except (FileNotFoundError, OSError) as e:
-            raise UserError(f"bad ImageFolder under {root}: {e}") from None
-        eval_name = test_dir.name if test_dir else "val"
-        if test is None and args.val_split <= 0:
-            raise UserError(f"{root} has train/ but no test/ or val/ (pass --val-split 5000 to hold out part of train)")
-    else:
-        raise UserError(
-            f"no CIFAR-10 at {root} (expected cifar-10-batches-py/ or train/<class>/*.jpg; "
-            "use --download, --data-dir DIR or --synthetic)"
-        )
-    if args.val_split > 0:  # seeded hold-out: identical on every rank and rerun; never seen in training
-        n = len(train)
-        if args.val_split >= n:
-            raise UserError(f"--val-split {args.val_split} leaves no training images (train has {n})")
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(mix_seed(args.seed, 12345))).tolist()
-        held = copy_with_transform(train, transform_eval)
-        train, test = (
-            torch.utils.data.Subset(train, perm[args.val_split :]),
-            torch.utils.data.Subset(held, perm[: args.val_split]),
-        )
-        eval_name = "val"
-    return train, test, eval_name
-
-
-def copy_with_transform(ds, transform):
-    import copy
-
-    ds = copy.copy(ds)
-    ds.transform = transform
-    return ds
-
-
-def to_uint8_tensors(ds, workers: int):
-    """Decode a whole (small) dataset once into uint8 NHWC images and int64 labels."""
-    loader = torch.utils.data.DataLoader(
-        ds, batch_size=500, num_workers=workers, multiprocessing_context=worker_context(workers)
-    )
-    xs, ys = zip(*[(x, y) for x, y in loader])
-    return torch.cat(xs).permute(0, 2, 3, 1).contiguous(), torch.cat(ys)
-
-
-@functools.cache
-def _mean_std(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    # Made once per device: a host->device copy inside the loop would sync the stream every step.
-    return torch.tensor(MEAN, device=device) * 255, torch.tensor(STD, device=device) * 255
-
-
-def normalize(x_uint8_nhwc: torch.Tensor) -> torch.Tensor:
-    """uint8 NHWC -> normalized float NCHW (a channels_last view, no copy of layout)."""
-    mean, std = _mean_std(x_uint8_nhwc.device)
-    return ((x_uint8_nhwc.float() - mean) / std).permute(0, 3, 1, 2)
-
-
-def gpu_crop_flip(x_padded: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """Random 32x32 crop of 40x40 padded uint8 NHWC images plus random flip, in one gather."""
-    b, dev = x_padded.shape[0], x_padded.device
-    dx, dy = torch.randint(0, 9, (2, b), device=dev, generator=gen)
-    flip = torch.rand(b, device=dev, generator=gen) < 0.5
-    ar = torch.arange(32, device=dev)
-    rows = dy[:, None] + ar
-    cols = dx[:, None] + torch.where(flip[:, None], 31 - ar, ar)
-    return x_padded[torch.arange(b, device=dev)[:, None, None], rows[:, :, None], cols[:, None, :]]
-
-
 # ------------------------------------------------------------------ model
 
 
@@ -267,6 +142,28 @@ def build_model(arch: str) -> nn.Module:
     return model
 
 
+class EMA:
+    """An exponential moving average of a model's weights and BN buffers, updated on the device without a sync.
+
+    ``update`` after each optimizer step: ema += (1 - d) * (model - ema), d = min(decay, (1 + n) / (10 + n)) after n
+    updates, so the first updates are not pulled towards the initial weights. Integer buffers are copied.
+    """
+
+    def __init__(self, model: nn.Module, decay: float):
+        import copy
+
+        self.module, self.decay = copy.deepcopy(model).requires_grad_(False), decay
+        pairs = list(zip(self.module.state_dict().values(), model.state_dict().values()))  # tensors sharing storage
+        self.floats = [[e for e, _ in pairs if e.is_floating_point()], [m for e, m in pairs if e.is_floating_point()]]
+        self.others = [(e, m) for e, m in pairs if not e.is_floating_point()]
+
+    @torch.no_grad()
+    def update(self, n: int) -> None:
+        torch._foreach_lerp_(*self.floats, 1 - min(self.decay, (1 + n) / (10 + n)))
+        for e, m in self.others:
+            e.copy_(m)
+
+
 # ------------------------------------------------------------------ main
 
 
@@ -278,6 +175,7 @@ def main(args: argparse.Namespace) -> None:
     device = info.device
     seed_everything(args.seed, info.rank)
     out = prepare_output_dir(args.output_dir)
+    t_start = time.time()
     dtype = amp_dtype(args.amp, device)
     channels_last = args.channels_last if args.channels_last is not None else device.type == "cuda"
     global_batch = args.batch_size * info.world_size * args.accum_steps
@@ -285,25 +183,26 @@ def main(args: argparse.Namespace) -> None:
     # ---- data
     import torchvision.transforms as T
 
-    tf_eval = (
-        T.Compose([T.ToTensor(), T.Normalize(MEAN, STD)])
-        if not args.synthetic
-        else T.Compose([T.ConvertImageDtype(torch.float), T.Normalize(MEAN, STD)])
-    )
-    tf_train = T.Compose([T.RandomCrop(32, padding=4, padding_mode="reflect"), T.RandomHorizontalFlip(), tf_eval])
+    to_float = T.ToTensor() if not args.synthetic else T.ConvertImageDtype(torch.float)
+    tf_eval = T.Compose([to_float, T.Normalize(MEAN, STD)])
     if args.download and info.is_main:  # rank 0 downloads, the others wait, then all read
-        load_splits(args, None, None)
+        load_splits(args, None, None, out, writer=False)
     barrier()
-    if args.gpu_data:  # decode once, keep uint8 on the device, augment there (see gpu_crop_flip)
-        raw = T.PILToTensor() if not args.synthetic else None
-        train_ds, eval_ds, eval_name = load_splits(args, raw, raw)
+    # JPEG folders are decoded once into a cache file (one rank per host writes it, the others wait and read).
+    splits = functools.partial(load_splits, args, cache_dir=out, writer=info.local_rank == 0)
+    if args.gpu_data:  # keep uint8 on the device, augment there (see gpu_crop_flip)
+        train_ds, eval_ds, eval_name = splits(None, None)
         train_x, train_y = (t.to(device) for t in to_uint8_tensors(train_ds, args.workers))
         eval_x, eval_y = (t.to(device) for t in to_uint8_tensors(eval_ds, args.workers))
         train_x = F.pad(train_x.permute(0, 3, 1, 2), (4, 4, 4, 4), mode="reflect").permute(0, 2, 3, 1).contiguous()
         n_train = len(train_y)
     else:
-        train_ds, eval_ds, eval_name = load_splits(args, tf_train, tf_eval)
+        train_ds, eval_ds, eval_name = splits(train_transform(args, tf_eval), tf_eval)
         n_train = len(train_ds)
+    t_data = time.time()
+    # Wall time from process start: start (imports, process group), data (decode, load), compile (to the end of the
+    # first step), eval, checkpoint, and train (the rest).
+    wall = {"start": t_start - T_START, "data": t_data - t_start, "eval": 0.0, "checkpoint": 0.0}
     if not n_train or not len(eval_ds):
         raise UserError(f"empty dataset in {args.data_dir} (train {n_train} images, eval {len(eval_ds)})")
     # [DDP 2] every rank reads a different shard; the order of epoch e depends only on (seed, e).
@@ -336,7 +235,8 @@ def main(args: argparse.Namespace) -> None:
             gen = torch.Generator(device)
             for i, b in enumerate(idx.split(args.batch_size), start=skip):
                 gen.manual_seed(mix_seed(args.seed, epoch, info.rank, i))  # per batch: resumable mid-epoch
-                yield normalize(gpu_crop_flip(train_x[b], gen)), train_y[b]
+                x = normalize(gpu_crop_flip(train_x[b], gen))
+                yield (gpu_random_erasing(x, args.random_erasing, gen) if args.random_erasing else x), train_y[b]
             return
         for i, (x, y) in enumerate(train_loader):
             if i * args.batch_size >= n:
@@ -365,6 +265,7 @@ def main(args: argparse.Namespace) -> None:
             model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True
         )
     train_model = torch.compile(model) if args.compile else model
+    ema = EMA(model_without_ddp, args.ema) if args.ema else None  # evaluated, saved and restored with the model
 
     # ---- optimizer and LR schedule (a pure function of the step)
     lr = args.lr * global_batch / 512
@@ -394,6 +295,7 @@ def main(args: argparse.Namespace) -> None:
             world_size=info.world_size,
             batch_size=args.batch_size,
             accum_steps=args.accum_steps,
+            extra={"ema": ema.module} if ema else None,
         )
     epoch, step, batch_in_epoch, best, wandb_id = pos.epoch, pos.step, pos.batch_in_epoch, pos.best_metric, pos.wandb_id
     set_schedule_position(scheduler, epoch * steps_per_epoch + batch_in_epoch // args.accum_steps, lr)
@@ -407,8 +309,21 @@ def main(args: argparse.Namespace) -> None:
                          scheduler=scheduler.state_dict(), scaler=scaler.state_dict(), epoch=epoch, step=step,
                          batch_in_epoch=batch_in_epoch, best_metric=best, args=vars(args),
                          world_size=info.world_size, wandb_id=wandb_id)  # fmt: skip
+            if ema:
+                state["ema"] = ema.module.state_dict()
             save_checkpoint(state, out / name, keep_last=keep_last)
+        wall["checkpoint"] += time.time() - t
         return time.time() - t
+
+    def evaluate(wrap=lambda batches: batches) -> dict[str, float]:
+        """Eval metrics of the EMA weights if any (the raw model's as raw_*), else of the model."""
+        t = time.time()
+        m = {}
+        for prefix, net in [("", model_without_ddp)] + ([("ema", ema.module)] if ema else []):
+            broadcast_buffers(net)  # every rank evaluates rank 0's BN statistics, as saved
+            m[prefix] = evaluate_classifier(net, wrap(eval_batches()), device, dtype, args.tta)
+        wall["eval"] += time.time() - t
+        return {**m["ema"], **{f"raw_{k}": v for k, v in m[""].items()}} if ema else m[""]
 
     logger = MetricsLogger(out, info, args.wandb)
     config = logger.write_config(
@@ -418,7 +333,7 @@ def main(args: argparse.Namespace) -> None:
     if args.evaluate:
         if ckpt_path is None:
             raise UserError("--evaluate needs a checkpoint: --resume PATH (or an output dir with last.pt)")
-        m = evaluate_classifier(model_without_ddp, eval_batches(), device, dtype, args.tta)
+        m = evaluate()
         logger.log({"split": eval_name, "epoch": epoch, "step": step, **m})
         print0(f"{ckpt_path} {eval_name}: {describe(m)}")
         return
@@ -455,6 +370,12 @@ def main(args: argparse.Namespace) -> None:
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
             step += 1
+            if ema:
+                ema.update(step)
+            if "compile" not in wall:  # the first step compiles: one sync to time it
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                wall["compile"] = time.time() - t_data
             batch_in_epoch += args.accum_steps
             loss_n += args.accum_steps
             if step % args.print_freq == 0 or step == max_steps:
@@ -488,9 +409,7 @@ def main(args: argparse.Namespace) -> None:
             (epoch_done and (epoch % args.eval_every == 0 or epoch == args.epochs))
             or (step >= max_steps and not stopped)
         ):
-            broadcast_buffers(model_without_ddp)  # every rank evaluates rank 0's BN statistics, as saved
-            batches = watchdog.batches(eval_batches(), evaluating=True)
-            m = evaluate_classifier(model_without_ddp, batches, device, dtype, args.tta)
+            m = evaluate(functools.partial(watchdog.batches, evaluating=True))
             logger.log({"split": eval_name, "epoch": epoch, "step": step, **m})
             progress.write(f"epoch {epoch} {eval_name}: {describe(m)}")
             if m["acc1"] > best:
@@ -503,7 +422,12 @@ def main(args: argparse.Namespace) -> None:
     progress.close()
     if stopped:
         stop.exit_preempted(step, logger)
-    print0(f"done: step {step}, best {eval_name} acc1 {best:.2f}, wall {time.time() - T_START:.1f}s since start")
+    wall["wall"] = time.time() - T_START
+    wall["train"] = 2 * wall["wall"] - sum(wall.values())
+    parts = {k: wall.get(k, 0.0) for k in ("start", "data", "compile", "train", "eval", "checkpoint", "wall")}
+    logger.log({"split": "time", **{f"{k}_s": round(v, 2) for k, v in parts.items()}})
+    split = ", ".join(f"{k} {v:.1f}s" for k, v in parts.items() if k != "wall")
+    print0(f"done: step {step}, best {eval_name} acc1 {best:.2f} ({split}), wall {wall['wall']:.1f}s since start")
     logger.close()
 
 

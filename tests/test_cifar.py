@@ -1,11 +1,18 @@
 """cifar_resnet/train.py end to end under torchrun, in every data format, and exact resume."""
 
 import json
+import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import PY, make_cifar_pickles, run, torchrun
+from tests.conftest import PY, make_cifar_pickles, make_jpeg_imagefolder, run, torchrun
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from cifar_resnet.data import decode_folder, gpu_random_erasing  # noqa: E402
+from cifar_resnet.train import EMA  # noqa: E402
 
 TINY = ["-b", "4", "--print-freq", "1", "--seed", "3"]
 
@@ -69,6 +76,7 @@ def test_jpeg_imagefolder_with_val_split(tmp_path, tiny_imagefolder):
 def test_resume_mid_epoch_is_bit_identical(tmp_path, tiny_imagefolder, data_path):
     """Uninterrupted 2 epochs == stop at step 3 (mid-epoch 1) + the same command again."""
     extra = ["-j", "1"] if data_path == "loader" else ["--gpu-data", "-j", "0"]
+    extra += ["--random-erasing", "0.5", "--ema", "0.9"]
     cmd = ["cifar_resnet/train.py", "--data-dir", tiny_imagefolder, "--epochs", "2", *extra, *TINY]
     torchrun(2, *cmd, "--output-dir", tmp_path / "a")  # 40 images / 2 ranks / 4 = 5 steps per epoch
     torchrun(2, *cmd, "--output-dir", tmp_path / "b", "--max-steps", "3")
@@ -78,8 +86,9 @@ def test_resume_mid_epoch_is_bit_identical(tmp_path, tiny_imagefolder, data_path
     assert "resumed from" in p.stdout and "step 3, batch 3" in p.stdout
     a, b = (torch.load(tmp_path / f"{x}/last.pt", weights_only=True) for x in "ab")
     assert a["step"] == b["step"] == 10
-    for k, v in a["model"].items():
-        assert torch.equal(v, b["model"][k]), k
+    for k, v in [*a["model"].items(), *(("ema." + k, v) for k, v in a["ema"].items())]:
+        assert torch.equal(v, (b["ema"] if k.startswith("ema.") else b["model"])[k.removeprefix("ema.")]), k
+    assert not torch.equal(a["ema"]["fc.weight"], a["model"]["fc.weight"])  # the average lags the weights
     for k, v in a["optimizer"]["state"].items():
         assert torch.equal(v["momentum_buffer"], b["optimizer"]["state"][k]["momentum_buffer"])
     assert not torch.equal(mid["model"]["fc.weight"], a["model"]["fc.weight"])  # not vacuous: it trained on
@@ -142,3 +151,63 @@ def test_resume_under_another_world_size_continues_the_epoch(tmp_path, tiny_imag
     assert train[2]["lr"] > train[1]["lr"]  # jumped to the new peak (cosine, no warmup)
     last = torch.load(tmp_path / "last.pt", weights_only=True)
     assert (last["epoch"], last["batch_in_epoch"], last["step"]) == (2, 0, 11)
+
+
+def test_gpu_random_erasing_is_per_sample_and_a_function_of_the_seed():
+    x = torch.randn(256, 3, 32, 32)
+    erase = lambda p, seed: gpu_random_erasing(x, p, torch.Generator().manual_seed(seed))  # noqa: E731
+    a, b, c = erase(0.5, 7), erase(0.5, 7), erase(0.5, 8)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert torch.equal(erase(0.0, 7), x)
+    zeros = (a == 0).all(dim=1).flatten(1).sum(dim=1)  # erased pixels per image (all channels 0)
+    erased = zeros > 0
+    assert 0.35 < erased.float().mean() < 0.65  # p = 0.5, each image on its own
+    assert len(set(zeros[erased].tolist())) > 20  # rectangles of many sizes
+    frac = zeros[erased].float() / 1024
+    assert frac.min() >= 0.01 and frac.max() <= 0.4  # area fraction about (0.02, 0.33), after rounding
+    assert torch.equal(a[~erased], x[~erased]) and torch.equal(a != 0, (a != 0) & (x != 0))  # nothing else changes
+    for i in erased.nonzero()[:20, 0]:  # the erased pixels of each image form one rectangle
+        rows, cols = (a[i, 0] == 0).any(1).nonzero()[:, 0], (a[i, 0] == 0).any(0).nonzero()[:, 0]
+        assert zeros[i] == len(rows) * len(cols) == (rows[-1] - rows[0] + 1) * (cols[-1] - cols[0] + 1)
+
+
+def test_decode_cache_is_reused_and_rebuilt_when_files_change(tmp_path):
+    import numpy as np
+    from PIL import Image
+    from torchvision.datasets import ImageFolder
+
+    root = make_jpeg_imagefolder(tmp_path / "d", {"train": 6}, classes=2)
+    first = decode_folder(root / "train", (root,), workers=0, writer=True)
+    (cache,) = root.glob(".decoded-train-*.npz")
+    folder = ImageFolder(str(root / "train"))
+    assert (first.data == np.stack([np.asarray(img) for img, _ in folder])).all() and first.targets == folder.targets
+    mtime = cache.stat().st_mtime_ns
+    again = decode_folder(root / "train", (root,), workers=0, writer=True)
+    assert cache.stat().st_mtime_ns == mtime and (again.data == first.data).all()  # read, not decoded again
+    new = Path(folder.samples[0][0]).parent / "new.jpg"
+    Image.new("RGB", (32, 32), (255, 0, 0)).save(new)  # a file added
+    added = decode_folder(root / "train", (root,), workers=0, writer=True)
+    assert len(added) == 7 and not cache.exists() and len(list(root.glob(".decoded-train-*.npz"))) == 1
+    Image.new("RGB", (32, 32), (0, 255, 0)).save(new)  # the same file rewritten
+    os.utime(new, ns=(1, 1))  # a different mtime even on a coarse clock
+    changed = decode_folder(root / "train", (root,), workers=0, writer=True)
+    assert not (changed.data == added.data).all()
+    # A data dir we cannot write (here: missing, as root may write anywhere): the cache goes to the next dir.
+    other = decode_folder(root / "train", (tmp_path / "missing", tmp_path), workers=0, writer=True)
+    assert (other.data == changed.data).all() and len(list(tmp_path.glob(".decoded-train-*.npz"))) == 1
+
+
+def test_ema_update_maths():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    ema = EMA(model, decay=0.9)
+    w0 = model[0].weight.detach().clone()
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    model(torch.randn(4, 2))  # BN buffers move, num_batches_tracked counts
+    ema.update(1)  # decay min(0.9, 2/11): ema = w0 + (1 - 2/11) * 1
+    torch.testing.assert_close(ema.module[0].weight, w0 + 9 / 11)
+    torch.testing.assert_close(ema.module[1].running_mean, model[1].running_mean * 9 / 11)
+    assert ema.module[1].num_batches_tracked == 1
+    ema.update(1000)  # decay 0.9 now: a tenth of the way to the weights
+    torch.testing.assert_close(ema.module[0].weight, w0 + 9 / 11 + 0.1 * (2 / 11))
+    assert model[0].weight.requires_grad and not ema.module[0].weight.requires_grad

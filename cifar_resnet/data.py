@@ -1,0 +1,255 @@
+"""CIFAR-10 data for train.py: the three sources, the decode cache, and the augmentations of both data paths.
+
+Every source ends up as ``CIFARArrays``: uint8 NHWC images in memory and int labels. The DataLoader path turns one
+image at a time into PIL and runs torchvision transforms; ``--gpu-data`` moves the whole array to the device and
+augments a batch at a time there (``gpu_crop_flip``, ``gpu_random_erasing``), from a generator seeded per batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from common.checkpoint import atomic_write
+from common.distributed import barrier, mix_seed, print0
+from common.errors import UserError
+
+MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+ERASE_SCALE, ERASE_RATIO, ERASE_TRIES = (0.02, 0.33), (0.3, 3.3), 10  # torchvision RandomErasing's defaults
+
+
+class SyntheticCIFAR(torch.utils.data.Dataset):
+    """Sample i is a fixed function of (seed, i): deterministic, no disk. Without a transform: uint8 CHW."""
+
+    def __init__(self, n: int, seed: int, transform=None):
+        self.n, self.seed, self.transform = n, seed, transform
+        self.targets = [i % 10 for i in range(n)]
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        g = torch.Generator().manual_seed(mix_seed(self.seed, i))
+        img = torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8, generator=g)
+        return (self.transform(img) if self.transform else img), self.targets[i]
+
+
+class CIFARArrays(torch.utils.data.Dataset):
+    """Decoded images (uint8 NHWC) and labels. With a transform: PIL image -> transform; without: uint8 CHW."""
+
+    def __init__(self, data: np.ndarray, targets, transform=None):
+        self.data, self.targets, self.transform = data, list(targets), transform
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, i: int):
+        if self.transform is None:
+            return torch.from_numpy(self.data[i]).permute(2, 0, 1), self.targets[i]
+        from PIL import Image
+
+        return self.transform(Image.fromarray(self.data[i])), self.targets[i]
+
+
+def read_pickles(folder: Path, train: bool, transform=None) -> CIFARArrays:
+    """torchvision's CIFAR-10 files (cifar-10-batches-py/), read without MD5 checks so copies work."""
+    import pickle
+
+    data, targets = [], []
+    for name in [f"data_batch_{i}" for i in range(1, 6)] if train else ["test_batch"]:
+        try:
+            with open(folder / name, "rb") as f:
+                entry = pickle.load(f, encoding="latin1")
+        except (OSError, pickle.UnpicklingError, EOFError) as e:
+            raise UserError(f"cannot read CIFAR-10 batch {folder / name}: {e}") from None
+        data.append(entry["data"])
+        targets += entry["labels"]
+    return CIFARArrays(np.concatenate(data).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).copy(), targets, transform)
+
+
+# ------------------------------------------------------------------ decode cache of an ImageFolder
+
+
+def _decode(paths: list[str]) -> np.ndarray:
+    from PIL import Image
+
+    out = []
+    for p in paths:
+        with Image.open(p) as im:
+            out.append(np.asarray(im.convert("RGB")))  # what ImageFolder's default loader gives
+    shapes = {a.shape for a in out}
+    if len(shapes) > 1:
+        raise ValueError(f"images of several sizes {sorted(shapes)[:3]} (the decode cache needs one size)")
+    return np.stack(out) if out else np.zeros((0, 32, 32, 3), np.uint8)
+
+
+def folder_fingerprint(samples: list[tuple[str, int]]) -> str:
+    """Hash of the sorted (path, label, size, mtime) list: any added, removed or rewritten file changes it."""
+    h = hashlib.sha256()
+    for path, label in sorted(samples):
+        st = os.stat(path)
+        h.update(f"{path}\0{label}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def decode_folder(folder: Path, cache_dirs: tuple[Path, ...], workers: int, writer: bool) -> CIFARArrays:
+    """An ImageFolder decoded once into ``<cache dir>/.decoded-<split>-<hash>.npz`` and read from there after.
+
+    The first cache dir that is writable holds it (the data dir, else the output dir). ``writer`` (one rank per
+    host) decodes with ``workers`` processes from a fork server and writes atomically; every rank then reads.
+    Call it on every rank (it has a barrier), before the first DataLoader.
+    """
+    from torchvision.datasets import ImageFolder
+
+    from common.data import worker_context
+
+    try:
+        samples = ImageFolder(str(folder)).samples
+    except (FileNotFoundError, OSError) as e:
+        raise UserError(f"bad ImageFolder {folder}: {e}") from None
+    name = f".decoded-{folder.name}-{folder_fingerprint(samples)}.npz"
+    cache_dir = next((d for d in cache_dirs if os.access(d, os.W_OK)), cache_dirs[-1])
+    if cache_dir != cache_dirs[0]:
+        print0(f"note: {cache_dirs[0]} is not writable; the decoded images are cached in {cache_dir}")
+    path = cache_dir / name
+    if writer and not path.exists():
+        paths = [p for p, _ in samples]
+        chunks = [paths[i : i + 1000] for i in range(0, len(paths), 1000)]
+        try:
+            ctx = worker_context(workers if len(chunks) > 1 else 0)
+            if ctx is None:
+                data = _decode(paths)
+            else:
+                from concurrent.futures import ProcessPoolExecutor
+
+                with ProcessPoolExecutor(min(workers, len(chunks)), mp_context=ctx) as pool:
+                    data = np.concatenate(list(pool.map(_decode, chunks)))
+        except (OSError, ValueError) as e:
+            raise UserError(f"cannot decode {folder}: {e}") from None
+        with atomic_write(path) as f:
+            np.savez(f, data=data, targets=np.array([t for _, t in samples], dtype=np.int64))
+        for old in cache_dir.glob(f".decoded-{folder.name}-*.npz"):  # caches of older versions of the folder
+            if old != path:
+                old.unlink(missing_ok=True)
+        print0(f"decoded {len(paths)} images of {folder} into {path}")
+    barrier()  # the other ranks wait for the file
+    with np.load(path) as z:
+        return CIFARArrays(z["data"], z["targets"].tolist())
+
+
+# ------------------------------------------------------------------ sources and splits
+
+
+def load_splits(args, transform_train, transform_eval, cache_dir: Path, writer: bool):
+    """(train, eval, eval_name) datasets for the chosen source, with their transforms."""
+    if args.synthetic:
+        return (
+            SyntheticCIFAR(5000, args.seed, transform_train),
+            SyntheticCIFAR(1000, args.seed + 1, transform_eval),
+            "val",
+        )
+    root = Path(args.data_dir)
+    if args.download or (root / "cifar-10-batches-py").is_dir():
+        if args.download:
+            from torchvision import datasets
+
+            datasets.CIFAR10(str(root), download=True)  # fetch and MD5-check once
+        train = read_pickles(root / "cifar-10-batches-py", train=True)
+        test, eval_name = read_pickles(root / "cifar-10-batches-py", train=False), "test"
+    elif (root / "train").is_dir():
+        test_dir = next((root / s for s in ("test", "val") if (root / s).is_dir()), None)
+        if test_dir is None and args.val_split <= 0:
+            raise UserError(f"{root} has train/ but no test/ or val/ (pass --val-split 5000 to hold out part of train)")
+        decode = lambda d: decode_folder(d, (root, cache_dir), args.workers, writer)  # noqa: E731
+        train, test = decode(root / "train"), decode(test_dir) if test_dir else None
+        eval_name = test_dir.name if test_dir else "val"
+    else:
+        raise UserError(
+            f"no CIFAR-10 at {root} (expected cifar-10-batches-py/ or train/<class>/*.jpg; "
+            "use --download, --data-dir DIR or --synthetic)"
+        )
+    if args.val_split > 0:  # seeded hold-out: identical on every rank and rerun; never seen in training
+        n = len(train)
+        if args.val_split >= n:
+            raise UserError(f"--val-split {args.val_split} leaves no training images (train has {n})")
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(mix_seed(args.seed, 12345))).numpy()
+        held, kept = perm[: args.val_split], perm[args.val_split :]
+        y = np.asarray(train.targets)
+        train, test, eval_name = CIFARArrays(train.data[kept], y[kept]), CIFARArrays(train.data[held], y[held]), "val"
+    train.transform, test.transform = transform_train, transform_eval
+    return train, test, eval_name
+
+
+def to_uint8_tensors(ds, workers: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A whole (small) dataset as uint8 NHWC images and int64 labels."""
+    if isinstance(ds, CIFARArrays):
+        return torch.from_numpy(ds.data), torch.as_tensor(ds.targets)
+    xs, ys = zip(*torch.utils.data.DataLoader(ds, batch_size=500, num_workers=0))
+    return torch.cat(xs).permute(0, 2, 3, 1).contiguous(), torch.cat(ys)
+
+
+def train_transform(args, tf_eval):
+    """The DataLoader path's augmentation: the same as the GPU path's, one PIL image at a time."""
+    import torchvision.transforms as T
+
+    tfs = [T.RandomCrop(32, padding=4, padding_mode="reflect"), T.RandomHorizontalFlip(), tf_eval]
+    if args.random_erasing > 0:
+        tfs.append(T.RandomErasing(args.random_erasing, scale=ERASE_SCALE, ratio=ERASE_RATIO, value=0))
+    return T.Compose(tfs)
+
+
+# ------------------------------------------------------------------ GPU path: a batch at a time, on the device
+
+
+_MEAN_STD: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def normalize(x_uint8_nhwc: torch.Tensor) -> torch.Tensor:
+    """uint8 NHWC -> normalized float NCHW (a channels_last view, no copy of layout)."""
+    dev = x_uint8_nhwc.device
+    if dev not in _MEAN_STD:  # made once per device: a host->device copy inside the loop would sync every step
+        _MEAN_STD[dev] = torch.tensor(MEAN, device=dev) * 255, torch.tensor(STD, device=dev) * 255
+    mean, std = _MEAN_STD[dev]
+    return ((x_uint8_nhwc.float() - mean) / std).permute(0, 3, 1, 2)
+
+
+def gpu_crop_flip(x_padded: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Random 32x32 crop of 40x40 padded uint8 NHWC images plus random flip, in one gather."""
+    b, dev = x_padded.shape[0], x_padded.device
+    dx, dy = torch.randint(0, 9, (2, b), device=dev, generator=gen)
+    flip = torch.rand(b, device=dev, generator=gen) < 0.5
+    ar = torch.arange(32, device=dev)
+    rows = dy[:, None] + ar
+    cols = dx[:, None] + torch.where(flip[:, None], 31 - ar, ar)
+    return x_padded[torch.arange(b, device=dev)[:, None, None], rows[:, :, None], cols[:, None, :]]
+
+
+def gpu_random_erasing(x: torch.Tensor, p: float, gen: torch.Generator) -> torch.Tensor:
+    """torchvision's RandomErasing(p, value=0) on each image of a normalized (N, C, H, W) batch, without a loop.
+
+    As torchvision does: with probability p, up to 10 tries of an area fraction in ERASE_SCALE and a log-uniform
+    aspect ratio in ERASE_RATIO; the first try that fits is erased (set to 0, the mean colour); none fits: no erase.
+    """
+    n, _, h, w = x.shape
+    dev = x.device
+    u = torch.rand(5, n, ERASE_TRIES, device=dev, generator=gen)
+    area = h * w * (ERASE_SCALE[0] + (ERASE_SCALE[1] - ERASE_SCALE[0]) * u[0])
+    lo, hi = np.log(ERASE_RATIO[0]), np.log(ERASE_RATIO[1])
+    aspect = torch.exp(lo + (hi - lo) * u[1])
+    eh, ew = torch.sqrt(area * aspect).round().long(), torch.sqrt(area / aspect).round().long()
+    fits = (eh < h) & (ew < w)
+    first = torch.where(fits, torch.arange(ERASE_TRIES, device=dev), ERASE_TRIES).min(dim=1).values  # first fit
+    pick = first.clamp(max=ERASE_TRIES - 1)[:, None]
+    eh, ew = eh.gather(1, pick)[:, 0], ew.gather(1, pick)[:, 0]
+    top = (u[2].gather(1, pick)[:, 0] * (h - eh + 1)).long()  # uniform in [0, h - eh]
+    left = (u[3].gather(1, pick)[:, 0] * (w - ew + 1)).long()
+    on = (torch.rand(n, device=dev, generator=gen) < p) & (first < ERASE_TRIES)
+    ar_h, ar_w = torch.arange(h, device=dev), torch.arange(w, device=dev)
+    rows = (ar_h >= top[:, None]) & (ar_h < (top + eh)[:, None])
+    cols = (ar_w >= left[:, None]) & (ar_w < (left + ew)[:, None])
+    mask = rows[:, :, None] & cols[:, None, :] & on[:, None, None]
+    return x.masked_fill(mask[:, None], 0.0)
