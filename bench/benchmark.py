@@ -233,46 +233,43 @@ def bench_resnet50(args, device, rows):
         rows.append(script_row("resnet50", f"imagenet/train.py --dummy, {name}", cmd, out, "img_per_s", batch=b))
 
 
-def cifar_bare_epoch(args, device, n: int) -> float:
-    """Seconds per epoch of n images for a bare ResNet-18 (CIFAR stem) loop with GPU-resident data."""
-    import torchvision
+def cifar_bare_epoch(args, device, n: int, arch: str) -> float:
+    """Seconds per epoch of n images for a bare loop of the script's model (CIFAR stem) with GPU-resident data."""
+    from cifar_resnet.train import build_model
 
-    model = torchvision.models.resnet18(num_classes=10)
-    model.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
-    model.maxpool = nn.Identity()
     b = 512 if not args.tiny else 8
+    cuda = device.type == "cuda"
     step = bare_vision_step(
-        model,
-        b,
-        32,
-        10,
-        torch.bfloat16 if device.type == "cuda" else None,
-        device.type == "cuda",
-        device.type == "cuda" and not args.tiny,
-        device,
+        build_model(arch), b, 32, 10, torch.bfloat16 if cuda else None, cuda, cuda and not args.tiny, device
     )
     rate = timed(step, args.iters if not args.tiny else 2, 10 if not args.tiny else 1, b, device)
     return n / rate
 
 
 def bench_cifar(args, device, rows):
-    """CIFAR ResNet-18: bare loop epoch vs cifar_resnet/train.py --gpu-data epoch (the target: <= 1.0 s/epoch)."""
+    """CIFAR ResNets: the bare loop's epoch vs the fast recipe's (--gpu-data) and the DataLoader path's, same flags."""
     n = 45000 if not args.tiny else 64
-    epoch_s = cifar_bare_epoch(args, device, n)
-    what = "bare step ResNet-18, bf16+cl+compile, resident data"
-    rows.append({"bench": "cifar", "what": what, "img_per_s": n / epoch_s, "epoch_s": epoch_s})
     data = ["--data-dir", args.cifar_dir, "--val-split", "5000"] if args.cifar_dir else ["--synthetic"]
-    for name, flags in [("--gpu-data", ["--gpu-data"]), ("DataLoader (Pillow)", ["-j", str(args.workers)])]:
-        out = Path(args.out) / f"cifar_{len(rows)}"
-        cmd = [sys.executable, "cifar_resnet/train.py", *data, "-b", "512" if not args.tiny else "8",
-               "--epochs", "3" if not args.tiny else "1", "-p", "20" if not args.tiny else "1",
-               "--output-dir", str(out), "--resume", "none", *flags]  # fmt: skip
-        if not args.tiny:
-            cmd.append("--compile")
-        else:
-            cmd += ["--max-steps", "3", "-j", "0"]
-        row = script_row("cifar", f"cifar_resnet/train.py {name}", cmd, out, "img_per_s", 1 if args.tiny else 3)
-        rows.append({**row, "epoch_s": n / row["img_per_s"]} if "img_per_s" in row else row)
+    for arch in args.cifar_archs.split(","):
+        bare_s = cifar_bare_epoch(args, device, n, arch)
+        what = f"bare step {arch}, b 512, bf16+cl+compile, resident data"
+        rows.append({"bench": "cifar", "what": what, "img_per_s": n / bare_s, "epoch_s": bare_s})
+        # The fast recipe's flags (bench/reproduce.sh cifar), and the same on the DataLoader path.
+        recipe = ["-a", arch, "-b", "512", "--lr", "0.4", "--tta", "--amp", "bf16", "--channels-last", "--compile"]
+        if args.tiny:  # CPU smoke: small batch, eager, fp32, a few steps
+            recipe = ["-a", arch, "-b", "8", "--lr", "0.4", "--tta", "--amp", "none", "--no-channels-last"]
+        for name, flags in [("--gpu-data", ["--gpu-data"]), ("DataLoader (Pillow)", ["-j", str(args.workers)])]:
+            out = Path(args.out) / f"cifar_{len(rows)}"
+            cmd = [sys.executable, "cifar_resnet/train.py", *data, *recipe, "--epochs", "3", "-p", "20",
+                   "--output-dir", str(out), "--resume", "none", *flags]  # fmt: skip
+            if args.tiny:
+                cmd += ["--epochs", "1", "-p", "1", "--max-steps", "3", "-j", "0"]
+            row = script_row(
+                "cifar", f"cifar_resnet/train.py {arch} {name}", cmd, out, "img_per_s", 1 if args.tiny else 3
+            )
+            if "img_per_s" in row:
+                row = {**row, "epoch_s": n / row["img_per_s"], "vs_bare": n / row["img_per_s"] / bare_s}
+            rows.append(row)
 
 
 # Photo-like texture: noise at several feature sizes (px) and amplitudes (levels), each smoothed by a bicubic
@@ -778,6 +775,7 @@ def main() -> None:
     p.add_argument("--jpeg-images", type=int, default=20480, help="training JPEGs for the jpeg benchmark")
     p.add_argument("--gpu-decode-workers", type=int, default=8, help="-j of the jpeg benchmark's --gpu-decode rows")
     p.add_argument("--jpeg-profile", action=argparse.BooleanOptionalAction, default=True, help="profile --gpu-decode")
+    p.add_argument("--cifar-archs", default="resnet18", help="comma-separated: resnet18,resnet50")
     p.add_argument("--cifar-dir", default=None, help="CIFAR ImageFolder (train/<class>/*.jpg); default: --synthetic")
     p.add_argument("--multi30k", default=None, help="Multi30k dir ({split}.{lang}.gz); default: --synthetic")
     p.add_argument(
