@@ -184,7 +184,7 @@ def load_splits(args, transform_train, transform_eval, cache_dir: Path, writer: 
     return train, test, eval_name
 
 
-def to_uint8_tensors(ds, workers: int) -> tuple[torch.Tensor, torch.Tensor]:
+def to_uint8_tensors(ds) -> tuple[torch.Tensor, torch.Tensor]:
     """A whole (small) dataset as uint8 NHWC images and int64 labels."""
     if isinstance(ds, CIFARArrays):
         return torch.from_numpy(ds.data), torch.as_tensor(ds.targets)

@@ -192,8 +192,8 @@ def main(args: argparse.Namespace) -> None:
     splits = functools.partial(load_splits, args, cache_dir=out, writer=info.local_rank == 0)
     if args.gpu_data:  # keep uint8 on the device, augment there (see gpu_crop_flip)
         train_ds, eval_ds, eval_name = splits(None, None)
-        train_x, train_y = (t.to(device) for t in to_uint8_tensors(train_ds, args.workers))
-        eval_x, eval_y = (t.to(device) for t in to_uint8_tensors(eval_ds, args.workers))
+        train_x, train_y = (t.to(device) for t in to_uint8_tensors(train_ds))
+        eval_x, eval_y = (t.to(device) for t in to_uint8_tensors(eval_ds))
         train_x = F.pad(train_x.permute(0, 3, 1, 2), (4, 4, 4, 4), mode="reflect").permute(0, 2, 3, 1).contiguous()
         n_train = len(train_y)
     else:
@@ -284,9 +284,9 @@ def main(args: argparse.Namespace) -> None:
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
 
     # ---- resume (same command restarted by torchrun/Slurm continues where it stopped)
-    pos, ckpt_path = Position(), resolve_resume(args.resume, out)
+    pos, ckpt_path, ckpt = Position(), resolve_resume(args.resume, out), {}
     if ckpt_path is not None:
-        pos, _ = restore_training(
+        pos, ckpt = restore_training(
             ckpt_path,
             model_without_ddp,
             optimizer,
@@ -333,6 +333,9 @@ def main(args: argparse.Namespace) -> None:
     if args.evaluate:
         if ckpt_path is None:
             raise UserError("--evaluate needs a checkpoint: --resume PATH (or an output dir with last.pt)")
+        if ema is None and "ema" in ckpt:  # a checkpoint with averaged weights: evaluate those, as training did
+            ema = EMA(model_without_ddp, 0.0)
+            ema.module.load_state_dict(ckpt["ema"])
         m = evaluate()
         logger.log({"split": eval_name, "epoch": epoch, "step": step, **m})
         print0(f"{ckpt_path} {eval_name}: {describe(m)}")
