@@ -6,8 +6,9 @@
 #   rn50         ResNet-50 --dummy: bare step against the script (fp32), weak scaling eager and compiled
 #   jpeg         ResNet-50 on ImageNet-sized JPEGs: --dummy, both --gpu-decode decoders, the pytorch/examples setup
 #   cifar        CIFAR-10 ResNet-18: the 80-epoch recipe (3 seeds) on 1..N GPUs, then each data path for 20 epochs
-#   transformer  transformer base on 1 GPU: the script, packed and unpacked bare steps, the tutorial-style loop
-#   scaling      transformer base weak scaling on Multi30k x 8: eager and --compile
+#   transformer  1 GPU: transformer base, the bare step against the script on Multi30k x 8 (--compile); the small
+#                preset's script with --compile and with CUDA graphs, and its bare step
+#   scaling      transformer base weak scaling on Multi30k x 8, --compile: 1, 2, ... GPUs side by side
 #   bleu         Multi30k de->en and en->de (small preset, --compile, 1 GPU)
 #   restart      elastic restart after SIGKILL, and the checkpoint's size and save time (bench/kill_restart.py)
 #   nccl         all_reduce bus bandwidth (common.doctor)
@@ -101,17 +102,29 @@ cifar)
     keep /tmp/c20_loader cifar_r18_e20_dataloader_1x
   ;;
 transformer)
-  python3 bench/benchmark.py --only transformer --multi30k "$MULTI30K" --tr-nprocs 1 \
-    --tr-configs base:65536:compile,base:65536:compile:bare:lossc,base:65536:compile:bare:lossc:packed:profile,base:65536:compile:bare:regional:packed --out "$out/tr_base_packed_1x"
+  m8_data
+  python3 bench/benchmark.py --only transformer --multi30k /tmp/m8 --tr-nprocs 1 --tr-steps 70 \
+    --tr-configs base:65536:compile:bare:lossc:packed,base:65536:compile --out "$out/tr_base_m8_1x"
+  python3 bench/benchmark.py --only transformer --multi30k "$MULTI30K" --tr-nprocs 1 --tr-steps 150 \
+    --tr-configs small:8192:compile,small:8192:compile:cudagraphs,small:8192:compile:bare:lossc:packed:cudagraphs \
+    --out "$out/tr_small_1x"
   ;;
-scaling)
+scaling) # the runs side by side, each on its own GPUs (1 + 2 + ... of them; one after the other if too few)
   m8_data
   M8=(transformer/train.py --data /tmp/m8 --lang-src de --lang-tgt en --preset base --max-tokens 65536 --max-steps 70
-    -p 10 --eval-every 0 -j 4 --vocab-size 8000 --resume none)
+    -p 10 --eval-every 0 -j 4 --vocab-size 8000 --resume none --compile)
+  total=0 # GPUs for all the runs at once
+  for n in "${counts[@]}"; do total=$((total + n)); done
+  visible=$({ nvidia-smi -L 2>/dev/null || true; } | wc -l)
+  first=0
   for n in "${counts[@]}"; do
-    launch "$n" "${M8[@]}" --output-dir "/tmp/m8e_$n" && keep "/tmp/m8e_$n" "tr_base_m8_eager_${n}x"
-    launch "$n" "${M8[@]}" --compile --output-dir "/tmp/m8c_$n" && keep "/tmp/m8c_$n" "tr_base_m8_compile_${n}x"
+    (CUDA_VISIBLE_DEVICES=$(seq -s, $first $((first + n - 1))) launch "$n" "${M8[@]}" --output-dir "/tmp/m8c_$n" \
+      >"$out/console_tr_base_m8_compile_${n}x$hw.log" 2>&1 &&
+      keep "/tmp/m8c_$n" "tr_base_m8_compile_${n}x") &
+    if [ "$total" -le "$visible" ]; then first=$((first + n)); else wait; fi
   done
+  wait
+  tail -n 3 "$out"/console_tr_base_m8_compile_*.log
   ;;
 bleu)
   B=(transformer/train.py --data "$MULTI30K" --preset small --max-tokens 8192 --lr 1e-3 --warmup-steps 1000
