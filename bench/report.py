@@ -122,7 +122,14 @@ TR1 = "tr_base_compile_script_bare_baseline_1xh100.json"
 BLEU1 = "tr_small_deen_bleu_packed_d04_t8k_1xh100.jsonl"
 JPEG = "jpeg_decode_paths_1xh100.json"
 PK = "transformer_base_packed_bare_1xh100.json"
-TRN = "tr_base_packed_script_bare_1xh100.json"
+TRN = "tr_base_m8_script_bare_1xh100.json"
+TRS = "tr_small_script_cudagraphs_bare_1xh100.json"
+TR_LOG = "tr_base_m8_small_scripts_1xh100.log"
+SM_UNPACKED = "transformer_small_unpacked_script_eager_1xh100.json"
+SM_SCRIPT = "transformer/train.py small, 8192 tok/GPU, 1 GPU(s), bf16"
+SM_BARE = (
+    "bare step small, packed 8x1024 rows, 8080 real target tokens, bf16, compile, model and loss compiled together, "
+)
 PK_PROF = "transformer_base_packed_bare_profile_1xh100.txt"
 JPEG_ROW = "imagenet/train.py ResNet-50, 15360 JPEGs of 500x375 q90 (100 KB), "
 PK_STEP = "bare step base, packed 64x1024 rows, 63775 real target tokens, bf16, compile, "
@@ -152,7 +159,8 @@ FIGURES = {
     "tr_bare": lambda f: row(TRN, PK_STEP + "model and loss compiled together", "tok_per_s"),
     "tr_bare_mfu": lambda f: 100 * row(TRN, PK_STEP + "model and loss compiled together", "mfu"),
     "tr_bare_first": lambda f: row(TRN, PK_STEP + "model and loss compiled together", "first_step_s"),
-    "tr_fill": lambda f: grab("tr_base_packed_script_bare_1xh100.log", r"per step, ([\d.]+)% of them real"),
+    "tr_fill": lambda f: grab(TR_LOG, r"on 232000 pairs [^\n]*per step, ([\d.]+)% of them real"),
+    "tr_spe": lambda f: grab(TR_LOG, r"on 232000 pairs [^\n]* ([\d.]+) steps/epoch"),
     "tr_bare_fill": lambda f: 100 * 63775 / 65536,
     "tr_c1_x": lambda f: f["tr_c1"] / f["tr_loop"],
     "tr_whole": lambda f: row(PK, PK_STEP + "model and loss compiled together", "tok_per_s"),
@@ -164,6 +172,26 @@ FIGURES = {
     "tr_pad": lambda f: row(PK, f"{PROFILE}, compile, model and loss compiled together", "tok_per_s"),
     "tr_pad_mfu": lambda f: 100 * row(PK, f"{PROFILE}, compile, model and loss compiled together", "mfu"),
     "tr_c1_share": lambda f: 100 * f["tr_c1"] / f["tr_bare"],
+    # Transformer small, packed rows, CUDA graphs; the padded eager script before packing as the baseline
+    "sm_pad": lambda f: row(SM_UNPACKED, SM_SCRIPT, "tok_per_s"),
+    "sm_pad_mfu": lambda f: 100 * row(SM_UNPACKED, SM_SCRIPT, "mfu"),
+    "sm_loop": lambda f: row(TRS, "baseline loop, small, pad 350, fp32, batch 8", "tok_per_s"),
+    "sm_c": lambda f: row(TRS, SM_SCRIPT + ", compile", "tok_per_s"),
+    "sm_c_mfu": lambda f: 100 * row(TRS, SM_SCRIPT + ", compile", "mfu"),
+    "sm_g": lambda f: row(TRS, SM_SCRIPT + ", compile, CUDA graphs", "tok_per_s"),
+    "sm_g_mfu": lambda f: 100 * row(TRS, SM_SCRIPT + ", compile, CUDA graphs", "mfu"),
+    "sm_bare": lambda f: row(TRS, SM_BARE + "CUDA graphs", "tok_per_s"),
+    "sm_bare_mfu": lambda f: 100 * row(TRS, SM_BARE + "CUDA graphs", "mfu"),
+    "sm_bare_first": lambda f: row(TRS, SM_BARE + "CUDA graphs", "first_step_s"),
+    "sm_bare_ms": lambda f: 1e3 * 8080 / f["sm_bare"],
+    "sm_c_x": lambda f: f["sm_c"] / f["sm_pad"],
+    "sm_g_x": lambda f: f["sm_g"] / f["sm_pad"],
+    "sm_g_c": lambda f: f["sm_g"] / f["sm_c"],
+    "sm_g_share": lambda f: 100 * f["sm_g"] / f["sm_bare"],
+    "sm_fill": lambda f: grab(TR_LOG, r"small \(19.9M params\) on 29000 pairs [^\n]*per step, ([\d.]+)% of them real"),
+    # Transformer base weak scaling on Multi30k x 8 (bench/reproduce.sh scaling): the logs of whichever GPU type ran it
+    **per((1, 2), "m8_{}", lambda n: median(f"tr_base_m8_compile_{n}x{M8_HW}.jsonl", "tok_per_s")),
+    "m8_2_eff": lambda f: eff(f, "m8_2", "m8_1", 2),
     "tr_mask_eager": lambda f: row(PK, PK_STEP + "model and loss compiled together", "mask_ms_eager"),
     "tr_mask_comp": lambda f: row(PK, PK_STEP + "model and loss compiled together", "mask_ms_compiled"),
     "prof_wall": lambda f: grab(PK_PROF, r"^wall ([\d.]+) ms/step"),
@@ -235,6 +263,28 @@ FIGURES = {
     "ende_s": lambda f: grab(Q200, r"best val BLEU [\d.]+, wall ([\d.]+)s"),
 }
 
+M8_HW = next((hw for hw in ("h100", "h200") if (RUNS / f"tr_base_m8_compile_2x{hw}.jsonl").is_file()), "")
+M8_HOST = {"h100": H100, "h200": "H200 (a 4-GPU host, 64 CPU cores), torch 2.11, CUDA 13.0"}.get(M8_HW, "")
+TR_SCALING = (
+    """\
+Hardware: {M8_HOST}. Command: `bash bench/reproduce.sh scaling --gpus 2`, which builds Multi30k × 8 (232,000 pairs)
+and runs `{M8_CMD} --compile` on 1 GPU and, under `torchrun --standalone --nproc_per_node=2`, on 2 others at the same
+time: 65,536 tokens per GPU per step. Target tokens/s is the median of the logged 10-step windows after the first
+two (compilation).
+
+| GPUs | target tokens/s (all GPUs) | per-GPU efficiency | log |
+|---|---|---|---|
+| 1 | {m8_1:,.0f} | — | [[tr_base_m8_compile_1x{M8_HW}.jsonl]] |
+| 2 | {m8_2:,.0f} | **{m8_2_eff:.1f}%** | [[tr_base_m8_compile_2x{M8_HW}.jsonl]] |
+"""
+    if M8_HW
+    else """\
+`bash bench/reproduce.sh scaling --gpus 2` measures it: Multi30k × 8 (232,000 pairs), `{M8_CMD} --compile` on 1 GPU
+and, under `torchrun --standalone --nproc_per_node=2`, on 2 others at the same time (65,536 tokens per GPU per step).
+Its logs, `tr_base_m8_compile_{{1,2}}xGPU.jsonl`, fill this table once they are in docs/runs; none is yet.
+"""
+)
+
 CIFAR_CMD = (
     "cifar_resnet/train.py --data-dir /tmp/c --val-split 5000 --gpu-data --compile -b B --lr 0.4 -j 16 --tta "
     "--epochs 80 --eval-every 10 -p 1000 --seed S"
@@ -268,7 +318,8 @@ Headline speed (each against a baseline measured in the same run where one is na
 - **CIFAR-10**, one H100: `--gpu-data` reaches {cg_20:.1f}% in {cg_s:.1f} s (20 epochs), the DataLoader path
   {cl_20:.1f}% in {cl_s:.1f} s.
 - **Transformer `base`**, one H100, packed rows: `--compile` trains at {tr_c1:,.0f} target tokens/s
-  ({tr_c1_mfu:.1f}% MFU), **{tr_c1_x:.0f}×** a tutorial-style padded fp32 loop in the same run.
+  ({tr_c1_mfu:.1f}% MFU, {tr_c1_share:.0f}% of a bare training step), **{tr_c1_x:.0f}×** a tutorial-style padded fp32
+  loop in the same run; `small` with CUDA graphs at {sm_g:,.0f} ({sm_g_x:.1f}× its padded eager script).
 """,
     "rn50-dummy": """\
 | what | bare training step | `imagenet/train.py --dummy` | script / bare | hardware | log |
@@ -348,24 +399,38 @@ Hardware: {H200}; 1, 2 or 4 × {H100}.
 The two ran on two hosts of the same type. The DataLoader path is bound by JPEG decoding on the CPU.
 """,
     "tr-throughput": """\
-Hardware: {H100_16}. Command: `python3 bench/benchmark.py --only transformer --multi30k .data/multi30k
---tr-nprocs 1 --tr-steps 60 --tr-configs base:65536:compile:bare:lossc:packed,base:65536:compile`; the first three
-rows come from this one run ([[{TRN}]], console and the script's output [[tr_base_packed_script_bare_1xh100.log]]).
-MFU = 6 × 48.2M × real target tokens/s ÷ 989 TFLOP/s (dense bf16), attention left out.
+Hardware: {H100_16}. Command: `bash bench/reproduce.sh transformer`: two `bench/benchmark.py` runs, one after the
+other on the same GPU: `base` on Multi30k × 8 (232,000 pairs, {tr_spe:.1f} steps an epoch at 65,536 tokens a step;
+`--tr-steps 70`) and `small` on Multi30k (`--tr-steps 150`); results [[{TRN}]] and [[{TRS}]], console and each
+script's output, metrics and config [[{TR_LOG}]]. Script rows are the median of their logged 10-step windows after
+the first three. MFU = 6 × parameters (48.2M `base`, 19.9M `small`) × real target tokens/s ÷ 989 TFLOP/s (dense
+bf16), attention left out.
 
 | what | real target tokens/s | MFU | first step (compile) |
 |---|---|---|---|
-| baseline: the tutorial's loop, every sentence padded to 350 tokens, fp32, batch 8 | {tr_loop:,.0f} | — | — |
-| `transformer/train.py --preset base --max-tokens 65536 --compile`, Multi30k | **{tr_c1:,.0f}** ({tr_c1_x:.0f}× the baseline, {tr_c1_share:.0f}% of the bare step) | {tr_c1_mfu:.1f}% | — |
-| bare step, 64 packed rows of 1,024 tokens, model and loss compiled whole (what `--compile` does) | {tr_bare:,.0f} | {tr_bare_mfu:.1f}% | {tr_bare_first:.0f} s |
+| baseline: the tutorial's loop, `base`, every sentence padded to 350 tokens, fp32, batch 8 | {tr_loop:,.0f} | — | — |
+| `transformer/train.py --preset base --max-tokens 65536 --compile`, Multi30k × 8 | **{tr_c1:,.0f}** ({tr_c1_x:.0f}× the baseline, **{tr_c1_share:.1f}%** of the bare step) | {tr_c1_mfu:.1f}% | — |
+| bare step `base`, 64 packed rows of 1,024 tokens, model and loss compiled whole (what `--compile` does) | {tr_bare:,.0f} | {tr_bare_mfu:.1f}% | {tr_bare_first:.0f} s |
 | the same bare step, another run ([[{PK}]]) | {tr_whole:,.0f} | {tr_whole_mfu:.1f}% | {tr_whole_first:.0f} s |
 | bare step, packed, each layer and the loss compiled apart (same run as the row above) | {tr_layer:,.0f} | {tr_layer_mfu:.1f}% | {tr_layer_first:.0f} s |
 | bare step, 2,730 unpadded rows of 24 tokens, the best a padded batch can do (same run) | {tr_pad:,.0f} | {tr_pad_mfu:.1f}% | — |
+| `transformer/train.py --preset small --max-tokens 8192`, eager, padded batches (before packing; another run, [[{SM_UNPACKED}]]) | {sm_pad:,.0f} | {sm_pad_mfu:.1f}% | — |
+| the same, packed rows, `--compile`, Multi30k | {sm_c:,.0f} ({sm_c_x:.1f}× the padded eager script) | {sm_c_mfu:.1f}% | — |
+| the same, `--compile --compile-mode reduce-overhead` (CUDA graphs) | **{sm_g:,.0f}** ({sm_g_x:.1f}× the padded eager script, {sm_g_share:.0f}% of the bare step) | {sm_g_mfu:.1f}% | — |
+| bare step `small`, 8 packed rows of 1,024 tokens, model and loss compiled whole, CUDA graphs | {sm_bare:,.0f} | {sm_bare_mfu:.1f}% | {sm_bare_first:.0f} s |
 
-**Why the script is below the bare step.** Multi30k at 65,536 tokens a step is 8 steps an epoch; to keep one shape,
-the last step of each epoch is topped up with empty rows, so {tr_fill:.1f}% of the script's positions hold real
-tokens against {tr_bare_fill:.1f}% in the bare step. Counted per position, real or not, the script is no slower; a larger corpus
-(or a smaller `--max-tokens`) makes the share of filler rows smaller.
+**The script against the bare step.** Every step of a run is full: an epoch whose rows do not fill its last step
+tops it up with the next epoch's first rows, and only the run's very last step gets empty rows. {tr_fill:.1f}% of the
+script's positions hold real tokens, as in the bare step ({tr_bare_fill:.1f}%), and `small` on Multi30k itself
+fills {sm_fill:.1f}%. Per step the script also does what the bare step leaves out: it takes a batch from the
+DataLoader and copies it to the GPU, runs the loss compiled apart from the model, clips gradients and steps the LR.
+
+**CUDA graphs for `small`.** A bare `small` step with CUDA graphs takes {sm_bare_ms:.1f} ms (8 rows of 1,024 tokens):
+too short to hide the host's kernel launches, and compiled without graphs the script trains at {sm_c:,.0f} tokens/s.
+Every packed batch has one shape, so `--compile-mode reduce-overhead` records the compiled forward and backward once
+as CUDA graphs and replays them: {sm_g_c:.1f}× faster, with the same losses (within 1e-5, relative) at every logged
+step. The optimizer, clipping and the loss stay outside the graphs, and its 10-step windows (about 0.1 s each) vary
+more than the `base` ones.
 
 The three block masks of a packed batch take {tr_mask_eager:.0f} ms to build eagerly and {tr_mask_comp:.2f} ms
 compiled; `train.py` builds them compiled.
@@ -375,6 +440,7 @@ step: matmuls {prof_mm:.1f} ms ({prof_mm_peak:.0f}% of the GPU's peak already), 
 {prof_ew:.1f} ms of fused LayerNorm, dropout and residual work, which at width 512 is memory traffic of the same order
 as the matmuls. Packing removed most of the attention time of 24-token rows; the elementwise work is what is left.
 """,
+    "tr-scaling": TR_SCALING,
     "tr-bleu": """\
 sacreBLEU `nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0`, greedy decoding, detokenized and cased,
 over all 1,014 validation sentences; one seed each.
