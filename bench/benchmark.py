@@ -7,7 +7,7 @@
 All parts together take more than 10 minutes: on one H200 the two compiled ResNet-50 rows took about
 3 min and the transformer part about 4 min; on an H100 the jpeg part (--jpeg-images 15360) had made four of its five
 rows and the nvImageCodec profile after 455 s (--no-jpeg-profile saves about a minute). A compiled transformer `base`
-script run compiles for about a minute on an H100 (one static shape; 125 s for a 60-step run).
+script run compiles for about a minute on an H100 (one static shape; 133 s for a 70-step run on Multi30k x 8).
 Run the parts separately (--only); bench/reproduce.sh runs them as BENCHMARKS.md reports them.
 
 Writes ``OUT/results.json`` and ``OUT/results.md``: device, GPU count, torch/CUDA versions, and for every row the
