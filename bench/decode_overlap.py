@@ -3,8 +3,8 @@
     python bench/decode_overlap.py --data DIR --out OUT     # DIR: an ImageFolder (bench/benchmark.py's jpeg500)
     python bench/decode_overlap.py --tiny --out OUT         # CPU smoke test: tiny images, torchvision only
 
-For each pipeline (decoder; pinned or pageable file bytes; region-of-interest decode; prefetch threads; side
-stream priority; training on the default stream or another) it trains ``--steps`` steps fed by the real
+For each pipeline (decoder; pinned or pageable file bytes; prefetch threads; side stream priority; training on
+the default stream or another) it trains ``--steps`` steps fed by the real
 pipeline (DataLoader of file bytes -> GpuTransform -> prefetch) and reports wall ms per step, against the
 same step on one resident batch, and the CPU cores the process and its workers kept busy. Then it times one
 ``GpuTransform`` call alone, on an idle GPU and behind 200 ms of queued matmuls, to show whether decoding
@@ -32,17 +32,17 @@ sys.path.insert(0, str(REPO))
 from common.data import ResumableDistributedSampler  # noqa: E402
 from imagenet.gpu_decode import EncodedImages, GpuTransform, collate_encoded, nvimgcodec_decoders, prefetch  # noqa: E402
 
-# name: (decoder, pinned file bytes, roi, prefetch threads, side stream priority, train on a non-default stream)
+# name: (decoder, pinned file bytes, prefetch threads, side stream priority, train on a non-default stream)
 VARIANTS = {
-    "torchvision": ("torchvision", True, True, 1, 0, False),
-    "torchvision_trainstream": ("torchvision", True, True, 1, 0, True),
-    "nv_pageable_whole_t1": ("nvimgcodec", False, False, 1, 0, False),
-    "nv_pinned_whole_t1": ("nvimgcodec", True, False, 1, 0, False),
-    "nv_pinned_roi_t1": ("nvimgcodec", True, True, 1, 0, False),
-    "nv_pinned_roi_t2": ("nvimgcodec", True, True, 2, 0, False),
-    "nv_pinned_roi_t2_high": ("nvimgcodec", True, True, 2, -1, False),
-    "nv_pinned_roi_t3": ("nvimgcodec", True, True, 3, 0, False),
-    "nv_pinned_roi_t2_trainstream": ("nvimgcodec", True, True, 2, 0, True),
+    "torchvision": ("torchvision", True, 1, 0, False),
+    "torchvision_t2": ("torchvision", True, 2, 0, False),
+    "torchvision_trainstream": ("torchvision", True, 1, 0, True),
+    "nv_pageable_t1": ("nvimgcodec", False, 1, 0, False),
+    "nv_pinned_t1": ("nvimgcodec", True, 1, 0, False),
+    "nv_pinned_t2": ("nvimgcodec", True, 2, 0, False),
+    "nv_pinned_t2_high": ("nvimgcodec", True, 2, -1, False),
+    "nv_pinned_t3": ("nvimgcodec", True, 3, 0, False),
+    "nv_pinned_t2_trainstream": ("nvimgcodec", True, 2, 0, True),
 }
 
 
@@ -130,10 +130,10 @@ def main() -> None:
 
     epoch = 0
     for name in args.variants.split(","):
-        decoder, pinned, roi, threads, priority, own_stream = VARIANTS[name]
+        decoder, pinned, threads, priority, own_stream = VARIANTS[name]
         epoch += 1
         sampler.set_epoch(epoch)
-        tf = GpuTransform(device, size, decoder=decoder, roi=roi)
+        tf = GpuTransform(device, size, decoder=decoder)
         train_stream = torch.cuda.Stream(device) if own_stream and cuda else None
         with torch.cuda.stream(train_stream) if train_stream is not None else contextlib.nullcontext():
             batches = prefetch(loaders[pinned], tf, threads=threads, priority=priority)

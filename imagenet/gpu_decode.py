@@ -223,15 +223,12 @@ class NvImageCodec:
         # what Pillow gives: no EXIF rotation (ImageFolder's loader applies none), RGB, planar (3, H, W)
         self.params = nv.DecodeParams(apply_exif_orientation=False, color_spec=nv.SRGB, sample_format=nv.P_RGB)
 
-    def __call__(
-        self, files: list[torch.Tensor], routes: list[str], counts: Counter, boxes: Sequence[Box | None] | None = None
-    ) -> dict[int, torch.Tensor]:
+    def __call__(self, files: list[torch.Tensor], routes: list[str], counts: Counter) -> dict[int, torch.Tensor]:
         """Decode the files whose route is "hw" or "cuda", queued on the current stream; returns {index: image}.
 
-        With ``boxes``, only each file's box is decoded (a region of interest): the images are the crops, and
-        the colour conversion and the resize that follows read half the pixels on average. The images are
-        views of one uint8 buffer per batch from torch's allocator, made on the current stream: torch frees it
-        once the crops are done, in the stream's order, and nothing else owns GPU memory.
+        The images are views of one uint8 buffer per batch from torch's allocator, made on the current stream:
+        torch frees it once the crops are done, in the stream's order, and nothing else owns GPU memory. The
+        file bytes are read in place: pinned (``EncodedBatch.pin_memory``), they reach the GPU by queued DMA.
         """
         nv, todo = self.nv, {"hw": [], "cuda": []}
         for k, r in enumerate(routes):
@@ -242,13 +239,8 @@ class NvImageCodec:
         streams, sizes = {}, {}
         for k in todo["hw"] + todo["cuda"]:
             try:
-                cs = nv.CodeStream(files[k].numpy())  # parses the header; reads the bytes in place, no copy
-                if boxes is None:
-                    sizes[k] = (3, cs.height, cs.width)
-                else:
-                    top, left, h, w, _ = boxes[k]
-                    cs, sizes[k] = cs.get_sub_code_stream(region=nv.Region(top, left, top + h, left + w)), (3, h, w)
-                streams[k] = cs
+                cs = streams[k] = nv.CodeStream(files[k].numpy())  # parses the header; no copy of the bytes
+                sizes[k] = (3, cs.height, cs.width)
             except RuntimeError:  # a header PIL reads but nvImageCodec does not: the CPU decoder says why
                 todo["hw" if k in todo["hw"] else "cuda"].remove(k)
         numel = [math.prod(z) for z in sizes.values()]
@@ -282,8 +274,6 @@ def decode(
     device: torch.device | str,
     nvdec: NvImageCodec | None = None,
     counts: Counter | None = None,
-    crop: bool = False,
-    roi: bool = True,
 ) -> tuple[list[torch.Tensor], list[int], list[str]]:
     """Decode to (3, H, W) uint8 images on ``device``; returns (images, their indices in the batch, bad).
 
@@ -291,34 +281,24 @@ def decode(
     batched ``torchvision.io.decode_jpeg`` call (nvJPEG on the SMs, or libjpeg on a CPU device), whose files are
     decoded one by one if the batch fails. The rest, and what the GPU refuses, go to the CPU's ``decode_image``
     (libjpeg, libpng); what fails there too is "PATH (why)" in ``bad``. ``counts[decoder]`` += images decoded.
-    ``crop``: each image is its box (``batch.boxes``), which nvImageCodec decodes alone (``roi``), the others
-    slice from the whole image.
     """
-    if crop and None in batch.boxes:
-        raise ValueError("a training GpuTransform needs boxes: index EncodedImages with (epoch, i) keys")
     files, device, bad = batch.files(), torch.device(device), list(batch.bad)
     counts = Counter() if counts is None else counts
     images: dict[int, torch.Tensor] = {}
     if nvdec is not None:
-        images.update(nvdec(files, batch.routes, counts, batch.boxes if crop and roi else None))
+        images.update(nvdec(files, batch.routes, counts))
     elif batched := [k for k, r in enumerate(batch.routes) if r != "cpu"]:
         try:
             images.update(zip(batched, decode_jpeg([files[k] for k in batched], device=device, mode=RGB)))
             counts["cuda" if device.type == "cuda" else "cpu"] += len(batched)
         except RuntimeError:
             pass
-    whole = [k for k in images if not (crop and roi and nvdec is not None)]  # nvImageCodec's are the boxes already
     for k in (k for k in range(len(files)) if k not in images):
         try:
             images[k], where = _decode_one(files[k], device, nvdec is None and batch.routes[k] != "cpu")
             counts[where] += 1
-            whole.append(k)
         except RuntimeError as e:
             bad.append(f"{batch.paths[k]} ({_why(e)})")
-    if crop:
-        for k in whole:
-            top, left, h, w, _ = batch.boxes[k]
-            images[k] = images[k][:, top : top + h, left : left + w]
     keep = sorted(images)
     return [images[k] for k in keep], keep, bad
 
@@ -356,16 +336,18 @@ class GpuTransform:
         mean: Sequence[float] = MEAN,
         std: Sequence[float] = STD,
         decoder: str = "torchvision",
-        roi: bool = True,
     ):
         if resize_size is not None and resize_size < crop_size:
             raise ValueError(f"resize_size {resize_size} < crop_size {crop_size} (T.CenterCrop would pad)")
-        self.device, self.size, self.resize_size, self.roi = torch.device(device), crop_size, resize_size, roi
+        self.device, self.size, self.resize_size = torch.device(device), crop_size, resize_size
         if decoder not in DECODERS:
             raise ValueError(f"decoder {decoder!r} is not one of {DECODERS}")
         if decoder == "nvimgcodec" and self.device.type != "cuda":
             raise UserError("--gpu-decoder nvimgcodec needs a CUDA device (torchvision's decodes on the CPU too)")
         self.decoder, self.counts, self.lock = decoder, Counter(), threading.Lock()
+        # prefetch threads: nvImageCodec's decode returns once its batch is decoded, so a second thread decodes
+        # the next batch meanwhile; torchvision's waits for an idle device, which a second thread cannot hide
+        self.threads = 2 if decoder == "nvimgcodec" else 1
         self.nvdec = nvimgcodec_decoders(self.device) if decoder == "nvimgcodec" else None
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         # (x / 255 - mean) / std == x * scale + shift: one fused kernel, constants copied to the device once
@@ -376,8 +358,10 @@ class GpuTransform:
     def __call__(self, batch: EncodedBatch, slot: int = 0) -> Batch:
         """``slot``: which of ``prefetch``'s threads calls; each has its own nvImageCodec decoders."""
         train, counts = self.resize_size is None, Counter()
+        if train and None in batch.boxes:
+            raise ValueError("a training GpuTransform needs boxes: index EncodedImages with (epoch, i) keys")
         nvdec = nvimgcodec_decoders(self.device, slot) if self.nvdec is not None else None
-        images, keep, bad = decode(batch, self.device, nvdec, counts, crop=train, roi=self.roi)
+        images, keep, bad = decode(batch, self.device, nvdec, counts)
         with self.lock:
             self.counts.update(counts)
         if not images:
@@ -385,9 +369,10 @@ class GpuTransform:
         # Each image is resized into its row of x: two or three kernels per image launched from Python, the
         # pipeline's main host cost (the images differ in size, so no batched kernel takes them all).
         x = torch.empty((len(images), 3, self.size, self.size), device=self.device)
-        for img, row in zip(images, x.split(1)):
+        for img, k, row in zip(images, keep, x.split(1)):
             if train:
-                self._resize(img, self.size, self.size, row)
+                top, left, h, w, _ = batch.boxes[k]
+                self._resize(img[:, top : top + h, left : left + w], self.size, self.size, row)
             else:
                 self._eval_crop(img, row)
         if train and (flip := [i for i, k in enumerate(keep) if batch.boxes[k][4]]):
@@ -417,9 +402,14 @@ class GpuTransform:
 
 
 def prefetch(
-    batches: Iterable[EncodedBatch], transform: GpuTransform, ahead: int = 2, threads: int = 1, priority: int = 0
+    batches: Iterable[EncodedBatch],
+    transform: GpuTransform,
+    ahead: int = 2,
+    threads: int | None = None,
+    priority: int = 0,
 ) -> Iterator[Batch]:
-    """``transform(b) for b in batches``, in order, computed up to ``ahead`` batches early by ``threads`` threads.
+    """``transform(b) for b in batches``, in order, computed up to ``ahead`` batches early by ``threads`` threads
+    (default: ``transform.threads``).
 
     Why threads: decoding blocks the calling thread. torchvision's CUDA ``decode_jpeg`` returns only when the
     whole device is idle (on an H200, queued behind 430 ms of matmuls, on the same stream or another, it
@@ -471,6 +461,7 @@ def prefetch(
             if reading:
                 reading[-1][0].synchronize()  # the stream's last event: every earlier one has completed too
 
+    threads = threads or transform.threads
     pool = [threading.Thread(target=produce, args=(i,), name="gpu-decode", daemon=True) for i in range(threads)]
     for t in pool:
         t.start()
