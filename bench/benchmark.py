@@ -6,7 +6,8 @@
 
 All parts together take more than 10 minutes: on one H200 the two compiled ResNet-50 rows took about
 3 min and the transformer part about 4 min; on an H100 the jpeg part (--jpeg-images 15360) had made four of its five
-rows and the nvImageCodec profile after 455 s (--no-jpeg-profile saves about a minute). A compiled transformer `base`
+rows and the nvImageCodec profile after 455 s, and with --jpeg-images 12800 all five rows and both decoders'
+profiles took 441 s (--no-jpeg-profile skips the profiles). A compiled transformer `base`
 script run compiles for about a minute on an H100 (one static shape; 125 s for a 60-step run).
 Run the parts separately (--only); bench/reproduce.sh runs them as BENCHMARKS.md reports them.
 
@@ -435,7 +436,7 @@ def profile_gpu_decode(args, root: Path, device, decoder: str, steps: int = 8) -
     for e in json.loads(trace.read_text())["traceEvents"]:
         if e.get("cat") == "kernel":
             sid = e["args"].get("stream")
-            per_stream[sid] = per_stream.get(sid, 0.0) + e["dur"] / 1e3 / steps
+            per_stream[sid] = per_stream.get(sid, 0.0) + e["dur"] / 1e3 / (3 + steps)  # fed()'s warm-up too
     main_ms = max(per_stream.values()) if per_stream else 0.0  # the training stream has by far the most
     summary = {
         "wall_ms_per_step": round(wall * 1e3, 2),  # under the profiler, with the default prefetch

@@ -345,8 +345,9 @@ class GpuTransform:
         if decoder == "nvimgcodec" and self.device.type != "cuda":
             raise UserError("--gpu-decoder nvimgcodec needs a CUDA device (torchvision's decodes on the CPU too)")
         self.decoder, self.counts, self.lock = decoder, Counter(), threading.Lock()
-        # prefetch threads: nvImageCodec's decode returns once its batch is decoded, so a second thread decodes
-        # the next batch meanwhile; torchvision's waits for an idle device, which a second thread cannot hide
+        # prefetch threads. One H100, compiled ResNet-50: nvImageCodec's step took 84.1 ms with one, 76.8 with two
+        # (one decodes without the GIL while the other launches crops), 94.0 with three; torchvision's 74.2 with
+        # one, 77.7 with two (its decode waits for an idle device either way)
         self.threads = 2 if decoder == "nvimgcodec" else 1
         self.nvdec = nvimgcodec_decoders(self.device) if decoder == "nvimgcodec" else None
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
@@ -411,15 +412,15 @@ def prefetch(
     """``transform(b) for b in batches``, in order, computed up to ``ahead`` batches early by ``threads`` threads
     (default: ``transform.threads``).
 
-    Why threads: decoding blocks the calling thread. torchvision's CUDA ``decode_jpeg`` returns only when the
-    whole device is idle (on an H200, queued behind 430 ms of matmuls, on the same stream or another, it
-    returned after 433 ms); nvImageCodec's ``decode`` returns once its batch is decoded. Called from the
-    training loop, either stalls the host at every step, and the GPU with it: an eager bf16 ResNet50 trained
-    at 3,200-3,600 img/s that way, 4,100-4,300 through one thread, 4,700 with the batch already on the GPU (one
-    H200, batch 256). Each thread queues its work on its own side stream (``priority``: that stream's CUDA
-    priority, -1 high), so the crops and resizes run beside the training; with two threads, one decodes a batch
-    (without the GIL) while the other launches the crops of the batch before it. The consumer's stream waits
-    for each batch's event, and a batch's pinned file bytes stay referenced until the GPU has read them.
+    Why threads: decoding blocks the calling thread until the GPU work queued before it has run, on any stream.
+    A transform call with torchvision's CUDA ``decode_jpeg`` took 33 ms for a batch of 256 on an idle H100 and
+    305 ms behind 180 queued matmuls; with nvImageCodec 40 and 308 ms (bench/benchmark.py's jpeg profile). Called
+    from the training loop, either stalls the host at every step, and the GPU with it. Each thread queues its work
+    on its own side stream (``priority``: that stream's CUDA priority, -1 high), so the crops and resizes run beside
+    the training; with two threads, one decodes a batch (without the GIL) while the other launches the crops of the
+    batch before it. The consumer's stream waits for each batch's event, and a batch's pinned file bytes stay
+    referenced until the GPU has read them (nvImageCodec copies them from where they lie, and torch's pinned-memory
+    cache would hand the block to another batch as soon as it is freed).
     """
     it, lock, stop = iter(batches), threading.Lock(), threading.Event()
     q: queue.Queue = queue.Queue(maxsize=ahead)
