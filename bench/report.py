@@ -131,7 +131,7 @@ SM_BARE = (
     "bare step small, packed 8x1024 rows, 8080 real target tokens, bf16, compile, model and loss compiled together, "
 )
 PK_PROF = "transformer_base_packed_bare_profile_1xh100.txt"
-JPEG_ROW = "imagenet/train.py ResNet-50, 15360 JPEGs of 500x375 q90 (100 KB), "
+JPEG_ROW = "imagenet/train.py ResNet-50, 12800 JPEGs of 500x375 q90 (100 KB), "
 PK_STEP = "bare step base, packed 64x1024 rows, 63775 real target tokens, bf16, compile, "
 
 FIGURES = {
@@ -142,7 +142,8 @@ FIGURES = {
         for k, what in (
             ("tv", "--gpu-decode --gpu-decoder torchvision, bf16 + channels_last + compile"),
             ("nv", "--gpu-decode --gpu-decoder nvimgcodec, bf16 + channels_last + compile"),
-            ("ex", "pytorch/examples main.py configuration: Pillow, fp32, eager, bf16 + channels_last + compile"),
+            ("ex", "pytorch/examples main.py configuration: Pillow, fp32, eager"),
+            ("pl", "Pillow DataLoader, bf16 + channels_last + compile"),
             ("dm", "--dummy (no data path), bf16 + channels_last + compile"),
         )
         for col in ("img_per_s", "cpu_cores", "sm_util", "jpg_util")
@@ -150,6 +151,8 @@ FIGURES = {
     "jpeg_tv_share": lambda f: 100 * f["jpeg_tv_img_per_s"] / f["jpeg_dummy"],
     "jpeg_nv_share": lambda f: 100 * f["jpeg_nv_img_per_s"] / f["jpeg_dummy"],
     "jpeg_ex_share": lambda f: 100 * f["jpeg_ex_img_per_s"] / f["jpeg_dummy"],
+    "jpeg_pl_share": lambda f: 100 * f["jpeg_pl_img_per_s"] / f["jpeg_dummy"],
+    "jpeg_nv_x": lambda f: f["jpeg_nv_img_per_s"] / f["jpeg_ex_img_per_s"],
     "jpeg_tv_x": lambda f: f["jpeg_tv_img_per_s"] / f["jpeg_ex_img_per_s"],
     "jpeg_dm_x": lambda f: f["jpeg_dummy"] / f["jpeg_ex_img_per_s"],
     # Transformer, packed rows
@@ -344,8 +347,8 @@ with `CUDA_VISIBLE_DEVICES=0,1` and `2,3` (one world of 4). The baseline is the 
 | bf16 + channels_last + `--compile` | 4 | {rn50_c4:,.0f} | {rn50_c4_eff:.1f}% | [[rn50_bf16_cl_compile_4xh100.jsonl]] |
 """,
     "rn50-jpeg": """\
-Hardware: {H100_16}. Command: `python3 bench/benchmark.py --only jpeg --jpeg-images 15360 --out /tmp/jb`, which
-writes 15,360 + 512 ImageNet-sized JPEGs (500×375, quality 90, texture at six scales, 100 KB on average) and
+Hardware: {H100_16}. Command: `python3 bench/benchmark.py --only jpeg --jpeg-images 12800 --out /tmp/jb`, which
+writes 12,800 + 512 ImageNet-sized JPEGs (500×375, quality 90, texture at six scales, 100 KB on average) and
 trains one epoch of ResNet-50 on them with each data path, one after the other in the same run (batch 256; the
 exact command of each row is in the log: [[{JPEG}]], console [[jpeg_decode_paths_1xh100.log]]). CPU cores busy is
 the processes' CPU time over wall time; SM and JPEG-engine use are NVML's, sampled during the run.
@@ -355,14 +358,30 @@ the processes' CPU time over wall time; SM and JPEG-engine use are NVML's, sampl
 | `--dummy` (no data path), bf16 + channels_last + `--compile`: the ceiling | {jpeg_dummy:,.0f} | 100% | {jpeg_dm_cpu_cores:.1f} | {jpeg_dm_sm_util:.0f}% | — |
 | `--gpu-decode` (torchvision `decode_jpeg(device="cuda")`, the default), `-j 8`, same precision | **{jpeg_tv_img_per_s:,.0f}** | {jpeg_tv_share:.0f}% | {jpeg_tv_cpu_cores:.1f} | {jpeg_tv_sm_util:.0f}% | {jpeg_tv_jpg_util:.0f}% |
 | `--gpu-decode --gpu-decoder nvimgcodec` (nvImageCodec, hardware decoder), `-j 8` | {jpeg_nv_img_per_s:,.0f} | {jpeg_nv_share:.0f}% | {jpeg_nv_cpu_cores:.1f} | {jpeg_nv_sm_util:.0f}% | {jpeg_nv_jpg_util:.0f}% |
+| Pillow DataLoader, 16 workers, same precision | {jpeg_pl_img_per_s:,.0f} | {jpeg_pl_share:.0f}% | {jpeg_pl_cpu_cores:.1f} | {jpeg_pl_sm_util:.0f}% | — |
 | pytorch/examples `main.py` configuration: Pillow on 16 workers, fp32, eager: the user's baseline | {jpeg_ex_img_per_s:,.0f} | {jpeg_ex_share:.0f}% | {jpeg_ex_cpu_cores:.1f} | {jpeg_ex_sm_util:.0f}% | — |
 
-`--gpu-decode` is {jpeg_tv_x:.1f}× the pytorch/examples configuration on the same files; `--dummy` itself is
-{jpeg_dm_x:.1f}× it, the most any data path can reach on this GPU. **Why nvImageCodec is not the default.** Its
-hardware decode is exact (mean absolute difference against Pillow 0.04 levels, torchvision's 1.7) but slower
-here: a profile of 8 compiled steps ([[jpeg_decode_nvimgcodec_profile_1xh100.txt]]) shows 101.8 ms a step against
-46.0 ms on a resident batch, with only 50.7 ms of GPU kernels: each image's pageable host-to-device copy and colour
-conversion run on nvImageCodec's own streams, and `decode()` returns only after them, so the GPU waits for data.
+`--gpu-decode` is {jpeg_tv_x:.1f}× the pytorch/examples configuration on the same files ({jpeg_nv_x:.1f}× with
+nvImageCodec); `--dummy` itself is {jpeg_dm_x:.1f}× it, the most any data path can reach on this GPU. Both decoders'
+pixels match Pillow's (mean absolute difference on 36 files: nvImageCodec 0.04 of a level, torchvision 1.7).
+
+**Where the rest goes.** The same run profiles each decoder in-process: a compiled step fed by the real pipeline
+against the same step on a resident batch ([[jpeg_decode_nvimgcodec_profile_1xh100.txt]],
+[[jpeg_decode_torchvision_profile_1xh100.txt]]). The GPU work is not the limit: per step the training stream runs
+44.8 ms of kernels and decoding, crops and resizes about 7 ms on the other streams (the summaries divide the
+kernels of 11 profiled steps by 8: multiply their per-stream figures by 8/11), against 46.6 ms for the resident
+batch. The wait is: one `GpuTransform` call on a 256-image batch takes 40 ms of host time on an idle GPU with
+nvImageCodec (33 ms with torchvision) but 308 ms (305 ms) behind 180 queued matmuls on another stream, so
+decoding a batch finishes only after the training kernels launched before it, whichever decoder (most likely
+because each decoder's own kernels, such as nvImageCodec's per-image colour conversion, queue behind them and
+`decode()` returns only after they ran). The next batch is then late when a step ends, and the GPU idles. Fed steps took 84.1 ms with one prefetch thread, 76.8 ms
+with two (the default for nvImageCodec), 94.0 ms with three and 106.5 ms with two at high stream priority
+(nvImageCodec; torchvision: 74.2 ms with one, 77.7 ms with two). Pinned file bytes (nvImageCodec reads them in
+place, so its host-to-device copies are queued DMA instead of staged copies) took a step from 84.9 ms to 71.3 ms
+in an earlier in-process comparison on the same machine type ([[jpeg_decode_overlap_variants_1xh100.log]]), where
+torchvision's step took 58.5 ms and the resident batch's 46.1 ms; torchvision's rate varies that much between
+runs. nvImageCodec's region-of-interest decode (only each crop's box) sent every image to the CPU decoder there
+(`counts: cpu`), so crops are decoded whole.
 """,
     "checkpoint": """\
 - Transformer `base` (48.2M parameters; weights and AdamW's two moments, about 580 MB), 4× {H100}: rank 0 writes `last.pt` in

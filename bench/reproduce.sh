@@ -4,7 +4,9 @@
 #   bash bench/reproduce.sh WORKLOAD [--gpus N] [--out DIR]
 #
 #   rn50         ResNet-50 --dummy: bare step against the script (fp32), weak scaling eager and compiled
-#   jpeg         ResNet-50 on ImageNet-sized JPEGs: --dummy, both --gpu-decode decoders, the pytorch/examples setup
+#   jpeg         ResNet-50 on ImageNet-sized JPEGs: --dummy, both --gpu-decode decoders, the pytorch/examples setup,
+#                then jpeg-scaling
+#   jpeg-scaling --gpu-decode (torchvision) on 1, 2, 4 ... GPUs, the same 20,480 JPEGs (2 GPUs: about 3 minutes)
 #   cifar        CIFAR-10 ResNet-18: the 80-epoch recipe (3 seeds) on 1..N GPUs, then each data path for 20 epochs
 #   transformer  1 GPU: transformer base, the bare step against the script on Multi30k x 8 (--compile); the small
 #                preset's script with --compile and with CUDA graphs, and its bare step
@@ -20,13 +22,13 @@
 set -euo pipefail
 
 usage() {
-  sed -n '2,19s/^# \{0,1\}//p' "$0" >&2
+  sed -n '2,21s/^# \{0,1\}//p' "$0" >&2
   exit 2
 }
 [ $# -ge 1 ] || usage
 workload=$1
 shift
-case $workload in rn50 | jpeg | cifar | transformer | scaling | bleu | restart | nccl) ;; *) usage ;; esac
+case $workload in rn50 | jpeg | jpeg-scaling | cifar | transformer | scaling | bleu | restart | nccl) ;; *) usage ;; esac
 gpus=$({ nvidia-smi -L 2>/dev/null || true; } | wc -l)
 out=runs/reproduce
 while [ $# -gt 0 ]; do
@@ -75,6 +77,17 @@ m8_data() { # Multi30k x 8 in /tmp/m8 (232,000 pairs), so that an epoch holds en
   done
 }
 
+jpeg_scaling() { # --gpu-decode (torchvision) on 1, 2, 4 ... GPUs: the same 20,480 JPEGs, 80 steps on one GPU
+  [ -d /tmp/jpeg_scaling/train ] || python3 -c 'import os, sys; sys.path.insert(0, "bench"); from pathlib import Path
+from benchmark import make_jpeg_folder; make_jpeg_folder(Path("/tmp/jpeg_scaling"), 20480, 512, workers=min(32, os.cpu_count()))'
+  J=(imagenet/train.py /tmp/jpeg_scaling -a resnet50 -b 256 --epochs 1 -p 5 --resume none --gpu-decode -j 8
+    --amp bf16 --channels-last --compile)
+  for n in "${counts[@]}"; do
+    launch "$n" "${J[@]}" --output-dir "/tmp/jpeg_tv$n" 2>&1 | tee "$out/jpeg_gpu_decode_${n}x$hw.log" &&
+      keep "/tmp/jpeg_tv$n" "jpeg_gpu_decode_${n}x"
+  done
+}
+
 case $workload in
 rn50)
   python3 bench/benchmark.py --only resnet50 --rn50-configs fp32 --iters 30 --script-steps 60 --out "$out/rn50_fp32"
@@ -85,7 +98,11 @@ rn50)
   done
   ;;
 jpeg)
-  python3 bench/benchmark.py --only jpeg --out "$out/jpeg"
+  python3 bench/benchmark.py --only jpeg --jpeg-images 12800 --out "$out/jpeg"
+  jpeg_scaling
+  ;;
+jpeg-scaling)
+  jpeg_scaling
   ;;
 cifar)
   cifar_data
