@@ -337,6 +337,7 @@ Headline speed (each against a baseline measured in the same run where one is na
 - **Transformer `base`**, one H100, packed rows: `--compile` trains at {tr_c1:,.0f} target tokens/s
   ({tr_c1_mfu:.1f}% MFU, {tr_c1_share:.0f}% of a bare training step), **{tr_c1_x:.0f}×** a tutorial-style padded fp32
   loop in the same run; `small` with CUDA graphs at {sm_g:,.0f} ({sm_g_x:.1f}× its padded eager script).
+  Weak scaling of `base --compile`: {m8_2_eff:.1f}% per GPU on 2 H200s.
 """,
     "rn50-dummy": """\
 | what | bare training step | `imagenet/train.py --dummy` | script / bare | hardware | log |
