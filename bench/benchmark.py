@@ -7,8 +7,9 @@
 All parts together take more than 10 minutes: on one H200 the two compiled ResNet-50 rows took about
 3 min and the transformer part about 4 min; on an H100 the jpeg part (--jpeg-images 15360) had made four of its five
 rows and the nvImageCodec profile after 455 s (--no-jpeg-profile saves about a minute). A compiled transformer `base`
-script run compiles for about a minute on an H100 (one static shape; 125 s for a 60-step run).
+script run compiles for about a minute on an H100 (one static shape; 133 s for a 70-step run on Multi30k x 8).
 Run the parts separately (--only); bench/reproduce.sh runs them as BENCHMARKS.md reports them.
+With --jpeg-images 12800 the jpeg part's five rows and both decoders' profiles took 441 s on an H100.
 
 Writes ``OUT/results.json`` and ``OUT/results.md``: device, GPU count, torch/CUDA versions, and for every row the
 exact command (script rows) or the baseline it is (bare rows). Each script row is measured in the same run as
@@ -348,14 +349,9 @@ def pixel_check(root: Path, device: torch.device, decoder: str, tmp: Path) -> di
         files.append(str(tmp / name))
     tf = GpuTransform(device, 224, decoder=decoder)
     ds = EncodedImages([(f, 0) for f in files])
+    pillow = [torch.from_numpy(np.array(PIL.Image.open(f).convert("RGB"))).permute(2, 0, 1).float() for f in files]
     images, keep, bad = decode(collate_encoded([ds[i] for i in range(len(files))]), device, tf.nvdec, tf.counts)
-    mads = [
-        (img.cpu().float() - torch.from_numpy(np.array(PIL.Image.open(files[k]).convert("RGB"))).permute(2, 0, 1))
-        .abs()
-        .mean()
-        .item()
-        for img, k in zip(images, keep)
-    ]
+    mads = [(img.cpu().float() - pillow[k]).abs().mean().item() for img, k in zip(images, keep)]
     return {"max_mad_vs_pillow": max(mads), "decoded": len(images), "of": len(files), "bad": bad, **tf.counts}
 
 
@@ -386,36 +382,64 @@ def profile_gpu_decode(args, root: Path, device, decoder: str, steps: int = 8) -
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    batches = prefetch(loader, GpuTransform(device, 224, decoder=decoder))
-    for _ in range(5):  # compile and warm up
-        x, y, _ = next(batches)
+    x = torch.randn(args.rn50_batch, 3, 224, 224, device=device).contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, len(ds.classes), (args.rn50_batch,), device=device)
+    for _ in range(3):  # compile and warm up
         step(x, y)
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
-        for _ in range(steps):
+    t0 = time.perf_counter()
+    for _ in range(2 * steps):
+        step(x, y)
+    torch.cuda.synchronize()
+    resident = (time.perf_counter() - t0) / (2 * steps)
+
+    def fed(batches, n: int) -> float:  # wall seconds per step of n steps fed by the pipeline, after 3 warm-up steps
+        for i in range(3 + n):
+            if i == 3:
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
             x, y, _ = next(batches)
             step(x, y)
         torch.cuda.synchronize()
-        wall = (time.perf_counter() - t0) / steps
+        return (time.perf_counter() - t0) / n
+
+    # prefetch's threads and side-stream priority (-1: high), the default (GpuTransform.threads) among them
+    by_prefetch = {}
+    for threads, priority in ((1, 0), (2, 0), (3, 0), (2, -1)) if decoder == "nvimgcodec" else ((1, 0), (2, 0)):
+        batches = prefetch(loader, GpuTransform(device, 224, decoder=decoder), threads=threads, priority=priority)
+        by_prefetch[f"threads {threads}, priority {priority}"] = round(fed(batches, 2 * steps) * 1e3, 2)
+        batches.close()
+    batches = prefetch(loader, GpuTransform(device, 224, decoder=decoder))
+    fed(batches, 2)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        wall = fed(batches, steps)
     batches.close()
-    x, y = x.clone(), y.clone()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step(x, y)
+    # one GpuTransform call alone, on an idle GPU and behind ~200 ms of matmuls: does decoding wait for them?
+    tf, side, host_ms = GpuTransform(device, 224, decoder=decoder), torch.cuda.Stream(device), {}
+    batch = next(iter(loader))
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    for busy in (False, True) * 3:
+        torch.cuda.synchronize()
+        for _ in range(180 if busy else 0):  # about 1.5 ms each on an H100
+            a @ a
+        t0 = time.perf_counter()
+        with torch.cuda.stream(side):
+            tf(batch)
+        host_ms.setdefault("behind 180 matmuls" if busy else "idle", []).append((time.perf_counter() - t0) * 1e3)
     torch.cuda.synchronize()
-    resident = (time.perf_counter() - t0) / steps
     trace = Path(args.out) / f"trace_gpu_decode_{decoder}.json"
     prof.export_chrome_trace(str(trace))
     per_stream: dict = {}
     for e in json.loads(trace.read_text())["traceEvents"]:
         if e.get("cat") == "kernel":
             sid = e["args"].get("stream")
-            per_stream[sid] = per_stream.get(sid, 0.0) + e["dur"] / 1e3 / steps
+            per_stream[sid] = per_stream.get(sid, 0.0) + e["dur"] / 1e3 / (3 + steps)  # fed()'s warm-up too
     main_ms = max(per_stream.values()) if per_stream else 0.0  # the training stream has by far the most
     summary = {
-        "wall_ms_per_step": round(wall * 1e3, 2),
+        "wall_ms_per_step": round(wall * 1e3, 2),  # under the profiler, with the default prefetch
         "resident_batch_ms_per_step": round(resident * 1e3, 2),
+        "wall_ms_per_step_by_prefetch": by_prefetch,  # without the profiler
+        "transform_host_ms": {k: round(statistics.median(v), 1) for k, v in host_ms.items()},
         "kernel_ms_per_step_by_stream": {
             str(k): round(v, 2) for k, v in sorted(per_stream.items(), key=lambda kv: -kv[1])
         },
@@ -477,7 +501,7 @@ def bench_jpeg(args, device, rows):
             row["pixel_check"] = checks[decoder]
             stdout = (out / "stdout.txt").read_text() if (out / "stdout.txt").exists() else ""
             row["decoded"] = next((ln for ln in stdout.splitlines() if " decoded (rank 0): " in ln), "")
-            if decoder == "nvimgcodec" and not args.tiny and args.jpeg_profile:
+            if not args.tiny and args.jpeg_profile:
                 try:
                     row["profile"] = profile_gpu_decode(args, root, device, decoder)
                 except Exception as e:  # the profile is extra: keep the timing row

@@ -4,11 +4,14 @@
 #   bash bench/reproduce.sh WORKLOAD [--gpus N] [--out DIR]
 #
 #   rn50         ResNet-50 --dummy: bare step against the script (fp32), weak scaling eager and compiled
-#   jpeg         ResNet-50 on ImageNet-sized JPEGs: --dummy, both --gpu-decode decoders, the pytorch/examples setup
+#   jpeg         ResNet-50 on ImageNet-sized JPEGs: --dummy, both --gpu-decode decoders, the pytorch/examples setup,
+#                then jpeg-scaling
+#   jpeg-scaling --gpu-decode (torchvision) on 1, 2, 4 ... GPUs, the same 20,480 JPEGs (2 GPUs: about 3 minutes)
 #   cifar        CIFAR-10 recipes ($CIFAR_SEEDS seeds, default 3; one run per GPU, in rounds): fast and full ResNet-18,
 #                full ResNet-50 on 1 GPU and on 2; then each data path for 20 epochs
-#   transformer  transformer base on 1 GPU: the script, packed and unpacked bare steps, the tutorial-style loop
-#   scaling      transformer base weak scaling on Multi30k x 8: eager and --compile
+#   transformer  1 GPU: transformer base, the bare step against the script on Multi30k x 8 (--compile); the small
+#                preset's script with --compile and with CUDA graphs, and its bare step
+#   scaling      transformer base weak scaling on Multi30k x 8, --compile: 1, 2, ... GPUs side by side
 #   bleu         Multi30k de->en and en->de (small preset, --compile, 1 GPU)
 #   restart      elastic restart after SIGKILL, and the checkpoint's size and save time (bench/kill_restart.py)
 #   nccl         all_reduce bus bandwidth (common.doctor)
@@ -20,13 +23,13 @@
 set -euo pipefail
 
 usage() {
-  sed -n '2,20s/^# \{0,1\}//p' "$0" >&2
+  sed -n '2,22s/^# \{0,1\}//p' "$0" >&2
   exit 2
 }
 [ $# -ge 1 ] || usage
 workload=$1
 shift
-case $workload in rn50 | jpeg | cifar | transformer | scaling | bleu | restart | nccl) ;; *) usage ;; esac
+case $workload in rn50 | jpeg | jpeg-scaling | cifar | transformer | scaling | bleu | restart | nccl) ;; *) usage ;; esac
 gpus=$({ nvidia-smi -L 2>/dev/null || true; } | wc -l)
 out=runs/reproduce
 while [ $# -gt 0 ]; do
@@ -75,6 +78,17 @@ m8_data() { # Multi30k x 8 in /tmp/m8 (232,000 pairs), so that an epoch holds en
   done
 }
 
+jpeg_scaling() { # --gpu-decode (torchvision) on 1, 2, 4 ... GPUs: the same 20,480 JPEGs, 80 steps on one GPU
+  [ -d /tmp/jpeg_scaling/train ] || python3 -c 'import os, sys; sys.path.insert(0, "bench"); from pathlib import Path
+from benchmark import make_jpeg_folder; make_jpeg_folder(Path("/tmp/jpeg_scaling"), 20480, 512, workers=min(32, os.cpu_count()))'
+  J=(imagenet/train.py /tmp/jpeg_scaling -a resnet50 -b 256 --epochs 1 -p 5 --resume none --gpu-decode -j 8
+    --amp bf16 --channels-last --compile)
+  for n in "${counts[@]}"; do
+    launch "$n" "${J[@]}" --output-dir "/tmp/jpeg_tv$n" 2>&1 | tee "$out/jpeg_gpu_decode_${n}x$hw.log" &&
+      keep "/tmp/jpeg_tv$n" "jpeg_gpu_decode_${n}x"
+  done
+}
+
 case $workload in
 rn50)
   python3 bench/benchmark.py --only resnet50 --rn50-configs fp32 --iters 30 --script-steps 60 --out "$out/rn50_fp32"
@@ -85,7 +99,11 @@ rn50)
   done
   ;;
 jpeg)
-  python3 bench/benchmark.py --only jpeg --out "$out/jpeg"
+  python3 bench/benchmark.py --only jpeg --jpeg-images 12800 --out "$out/jpeg"
+  jpeg_scaling
+  ;;
+jpeg-scaling)
+  jpeg_scaling
   ;;
 cifar)
   cifar_data
@@ -121,17 +139,29 @@ cifar)
     keep /tmp/c20_loader cifar_r18_e20_dataloader_1x
   ;;
 transformer)
-  python3 bench/benchmark.py --only transformer --multi30k "$MULTI30K" --tr-nprocs 1 \
-    --tr-configs base:65536:compile,base:65536:compile:bare:lossc,base:65536:compile:bare:lossc:packed:profile,base:65536:compile:bare:regional:packed --out "$out/tr_base_packed_1x"
+  m8_data
+  python3 bench/benchmark.py --only transformer --multi30k /tmp/m8 --tr-nprocs 1 --tr-steps 70 \
+    --tr-configs base:65536:compile:bare:lossc:packed,base:65536:compile --out "$out/tr_base_m8_1x"
+  python3 bench/benchmark.py --only transformer --multi30k "$MULTI30K" --tr-nprocs 1 --tr-steps 150 \
+    --tr-configs small:8192:compile,small:8192:compile:cudagraphs,small:8192:compile:bare:lossc:packed:cudagraphs \
+    --out "$out/tr_small_1x"
   ;;
-scaling)
+scaling) # the runs side by side, each on its own GPUs (1 + 2 + ... of them; one after the other if too few)
   m8_data
   M8=(transformer/train.py --data /tmp/m8 --lang-src de --lang-tgt en --preset base --max-tokens 65536 --max-steps 70
-    -p 10 --eval-every 0 -j 4 --vocab-size 8000 --resume none)
+    -p 10 --eval-every 0 -j 4 --vocab-size 8000 --resume none --compile)
+  total=0 # GPUs for all the runs at once
+  for n in "${counts[@]}"; do total=$((total + n)); done
+  visible=$({ nvidia-smi -L 2>/dev/null || true; } | wc -l)
+  first=0
   for n in "${counts[@]}"; do
-    launch "$n" "${M8[@]}" --output-dir "/tmp/m8e_$n" && keep "/tmp/m8e_$n" "tr_base_m8_eager_${n}x"
-    launch "$n" "${M8[@]}" --compile --output-dir "/tmp/m8c_$n" && keep "/tmp/m8c_$n" "tr_base_m8_compile_${n}x"
+    (CUDA_VISIBLE_DEVICES=$(seq -s, $first $((first + n - 1))) launch "$n" "${M8[@]}" --output-dir "/tmp/m8c_$n" \
+      >"$out/console_tr_base_m8_compile_${n}x$hw.log" 2>&1 &&
+      keep "/tmp/m8c_$n" "tr_base_m8_compile_${n}x") &
+    if [ "$total" -le "$visible" ]; then first=$((first + n)); else wait; fi
   done
+  wait
+  tail -n 3 "$out"/console_tr_base_m8_compile_*.log
   ;;
 bleu)
   B=(transformer/train.py --data "$MULTI30K" --preset small --max-tokens 8192 --lr 1e-3 --warmup-steps 1000

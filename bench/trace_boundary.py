@@ -119,11 +119,11 @@ def main() -> None:
     named(common.checkpoint, "save_checkpoint", "boundary: save_checkpoint (rank 0)")
 
     stamps: list[float] = []
-    state = {"prof": None, "steps_per_epoch": None}
+    state = {"prof": None, "sampler": None}
     orig_set_epoch = sampler_cls.set_epoch
 
-    def set_epoch(self, *a, **k):  # learn the epoch length, to start the profiler where the first end is near
-        state["steps_per_epoch"] = getattr(self, "steps_per_epoch", None)
+    def set_epoch(self, *a, **k):  # learn the epoch lengths, to start the profiler where the first end is near
+        state["sampler"] = self
         return orig_set_epoch(self, *a, **k)
 
     sampler_cls.set_epoch = set_epoch
@@ -136,7 +136,7 @@ def main() -> None:
             self._initial_step_done = True
             return result
         stamps.append(time.perf_counter())
-        n, spe = len(stamps), state["steps_per_epoch"]
+        n, spe = len(stamps), state["sampler"] and state["sampler"].steps_before(1)  # the first epoch's end
         if state["prof"] is None and spe and n == spe - args.before:
             state["prof"] = profile(
                 activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * torch.cuda.is_available()
@@ -159,8 +159,10 @@ def main() -> None:
         runpy.run_path(sys.argv[0], run_name="__main__")
     finally:
         gaps = [b - a for a, b in zip(stamps, stamps[1:])]
-        spe = state["steps_per_epoch"] or len(stamps) + 1  # a run from the start: epochs end at multiples of spe
-        record = {"rank": rank, "step_seconds": gaps, "epoch_end_after_step": list(range(spe, len(stamps), spe))}
+        ends = []  # a run from the start: epoch e ends after step steps_before(e + 1)
+        while state["sampler"] and state["sampler"].steps_before(len(ends) + 1) < len(stamps):
+            ends.append(state["sampler"].steps_before(len(ends) + 1))
+        record = {"rank": rank, "step_seconds": gaps, "epoch_end_after_step": ends}
         (out / f"steps_rank{rank}.json").write_text(json.dumps(record))
 
 

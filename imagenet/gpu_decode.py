@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import functools
 import io
+import itertools
 import math
 import os
 import queue
 import re
 import threading
 import warnings
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -154,9 +155,11 @@ class EncodedBatch:
         return list(self.data.split(self.sizes))  # views, no copies
 
     def pin_memory(self) -> EncodedBatch:
-        # DataLoader(pin_memory=True) calls this. Pinned labels reach the GPU without a stream sync; the file
-        # bytes stay pageable, since the decoders parse them on the host anyway.
-        self.labels = self.labels.pin_memory()
+        # DataLoader(pin_memory=True) calls this in its pinning thread. Pinned, the file bytes reach the GPU by
+        # DMA queued on a stream (nvImageCodec reads them in place); pageable, every file is one host-blocking
+        # staged copy. Pinned labels reach the GPU without a stream sync. ``prefetch`` keeps the batch alive
+        # until the GPU has read it.
+        self.data, self.labels = self.data.pin_memory(), self.labels.pin_memory()
         return self
 
 
@@ -224,7 +227,8 @@ class NvImageCodec:
         """Decode the files whose route is "hw" or "cuda", queued on the current stream; returns {index: image}.
 
         The images are views of one uint8 buffer per batch from torch's allocator, made on the current stream:
-        torch frees it once the crops are done, in the stream's order, and nothing else owns GPU memory.
+        torch frees it once the crops are done, in the stream's order, and nothing else owns GPU memory. The
+        file bytes are read in place: pinned (``EncodedBatch.pin_memory``), they reach the GPU by queued DMA.
         """
         nv, todo = self.nv, {"hw": [], "cuda": []}
         for k, r in enumerate(routes):
@@ -232,15 +236,16 @@ class NvImageCodec:
                 todo["hw" if r == "hw" and self.hw is not None else "cuda"].append(k)
         if not todo["hw"] and not todo["cuda"]:
             return {}
-        streams = {}
+        streams, sizes = {}, {}
         for k in todo["hw"] + todo["cuda"]:
             try:
-                streams[k] = nv.CodeStream(files[k].numpy())  # parses the header
+                cs = streams[k] = nv.CodeStream(files[k].numpy())  # parses the header; no copy of the bytes
+                sizes[k] = (3, cs.height, cs.width)
             except RuntimeError:  # a header PIL reads but nvImageCodec does not: the CPU decoder says why
                 todo["hw" if k in todo["hw"] else "cuda"].remove(k)
-        sizes = [(3, cs.height, cs.width) for cs in streams.values()]
-        buf = torch.empty(sum(math.prod(z) for z in sizes), dtype=torch.uint8, device=self.device)
-        out = {k: b.view(z) for k, b, z in zip(streams, buf.split([math.prod(z) for z in sizes]), sizes)}
+        numel = [math.prod(z) for z in sizes.values()]
+        buf = torch.empty(sum(numel), dtype=torch.uint8, device=self.device)
+        out = {k: b.view(z) for (k, z), b in zip(sizes.items(), buf.split(numel))}
         stream = torch.cuda.current_stream(self.device).cuda_stream
         images = {}
         for name, decoder in (("hw", self.hw), ("cuda", self.cuda)):
@@ -259,12 +264,16 @@ class NvImageCodec:
 
 
 @functools.cache
-def nvimgcodec_decoders(device: torch.device) -> NvImageCodec:
-    return NvImageCodec(device)  # one set per GPU, shared by the training and the evaluation transform
+def nvimgcodec_decoders(device: torch.device, slot: int = 0) -> NvImageCodec:
+    # one set per GPU and prefetch thread (a decoder runs one batch at a time), shared by training and evaluation
+    return NvImageCodec(device)
 
 
 def decode(
-    batch: EncodedBatch, device: torch.device | str, nvdec: NvImageCodec | None = None, counts: Counter | None = None
+    batch: EncodedBatch,
+    device: torch.device | str,
+    nvdec: NvImageCodec | None = None,
+    counts: Counter | None = None,
 ) -> tuple[list[torch.Tensor], list[int], list[str]]:
     """Decode to (3, H, W) uint8 images on ``device``; returns (images, their indices in the batch, bad).
 
@@ -335,7 +344,11 @@ class GpuTransform:
             raise ValueError(f"decoder {decoder!r} is not one of {DECODERS}")
         if decoder == "nvimgcodec" and self.device.type != "cuda":
             raise UserError("--gpu-decoder nvimgcodec needs a CUDA device (torchvision's decodes on the CPU too)")
-        self.decoder, self.counts = decoder, Counter()
+        self.decoder, self.counts, self.lock = decoder, Counter(), threading.Lock()
+        # prefetch threads. One H100, compiled ResNet-50: nvImageCodec's step took 84.1 ms with one, 76.8 with two
+        # (one decodes without the GIL while the other launches crops), 94.0 with three; torchvision's 74.2 with
+        # one, 77.7 with two (its decode waits for an idle device either way)
+        self.threads = 2 if decoder == "nvimgcodec" else 1
         self.nvdec = nvimgcodec_decoders(self.device) if decoder == "nvimgcodec" else None
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         # (x / 255 - mean) / std == x * scale + shift: one fused kernel, constants copied to the device once
@@ -343,55 +356,77 @@ class GpuTransform:
         self.scale = (1 / (255 * std_t)).to(self.device)
         self.shift = (-mean_t / std_t).to(self.device)
 
-    def __call__(self, batch: EncodedBatch) -> Batch:
-        images, keep, bad = decode(batch, self.device, self.nvdec, self.counts)
+    def __call__(self, batch: EncodedBatch, slot: int = 0) -> Batch:
+        """``slot``: which of ``prefetch``'s threads calls; each has its own nvImageCodec decoders."""
+        train, counts = self.resize_size is None, Counter()
+        if train and None in batch.boxes:
+            raise ValueError("a training GpuTransform needs boxes: index EncodedImages with (epoch, i) keys")
+        nvdec = nvimgcodec_decoders(self.device, slot) if self.nvdec is not None else None
+        images, keep, bad = decode(batch, self.device, nvdec, counts)
+        with self.lock:
+            self.counts.update(counts)
         if not images:
             return None, None, bad
-        # a few small kernels per image, launched from Python: this loop is the pipeline's main host cost
-        if self.resize_size is None:
-            crops = [self._train_crop(img, batch.boxes[k]) for img, k in zip(images, keep)]
-        else:
-            crops = [self._eval_crop(img) for img in images]
-        x = torch.cat(crops)  # float, 0..255
+        # Each image is resized into its row of x: two or three kernels per image launched from Python, the
+        # pipeline's main host cost (the images differ in size, so no batched kernel takes them all).
+        x = torch.empty((len(images), 3, self.size, self.size), device=self.device)
+        for img, k, row in zip(images, keep, x.split(1)):
+            if train:
+                top, left, h, w, _ = batch.boxes[k]
+                self._resize(img[:, top : top + h, left : left + w], self.size, self.size, row)
+            else:
+                self._eval_crop(img, row)
+        if train and (flip := [i for i, k in enumerate(keep) if batch.boxes[k][4]]):
+            idx = torch.tensor(flip)  # flip the drawn rows, three kernels for the whole batch
+            idx = idx.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else idx
+            x.index_copy_(0, idx, x.index_select(0, idx).flip(-1))
         out = torch.empty(x.shape, device=self.device, memory_format=self.memory_format)
         torch.addcmul(self.shift, x, self.scale, out=out)  # normalize and change layout in one pass
         labels = batch.labels if len(keep) == len(batch.labels) else batch.labels[keep]
         return out, labels.to(self.device, non_blocking=True), bad
 
-    def _resize(self, img: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    @staticmethod
+    def _resize(img: torch.Tensor, h: int, w: int, out: torch.Tensor | None = None) -> torch.Tensor:
         # F.interpolate(mode="bilinear", antialias=True), torch's port of Pillow's filter, minus its Python checks
         # (about 20 us of host time per image, 5 ms per batch); Pillow rounds to uint8 after it, we stay in float
-        return torch.ops.aten._upsample_bilinear2d_aa(img[None].float(), (h, w), False)
+        aa = torch.ops.aten._upsample_bilinear2d_aa
+        return (
+            aa(img[None].float(), (h, w), False) if out is None else aa.out(img[None].float(), (h, w), False, out=out)
+        )
 
-    def _train_crop(self, img: torch.Tensor, box: Box | None) -> torch.Tensor:
-        if box is None:
-            raise ValueError("a training GpuTransform needs boxes: index EncodedImages with (epoch, i) keys")
-        top, left, h, w, flip = box
-        out = self._resize(img[:, top : top + h, left : left + w], self.size, self.size)
-        return out.flip(-1) if flip else out
-
-    def _eval_crop(self, img: torch.Tensor) -> torch.Tensor:
+    def _eval_crop(self, img: torch.Tensor, out: torch.Tensor) -> None:
         h, w = img.shape[-2:]  # known on the host without a sync, also for images decoded on the GPU
         r = self.resize_size
         nh, nw = (int(r * h / w), r) if w <= h else (r, int(r * w / h))  # T.Resize(int): long side truncated
         top, left = int(round((nh - self.size) / 2.0)), int(round((nw - self.size) / 2.0))  # T.CenterCrop
-        return self._resize(img, nh, nw)[..., top : top + self.size, left : left + self.size]
+        out.copy_(self._resize(img, nh, nw)[..., top : top + self.size, left : left + self.size])
 
 
-def prefetch(batches: Iterable[EncodedBatch], transform: GpuTransform, ahead: int = 2) -> Iterator[Batch]:
-    """``transform(b) for b in batches``, computed up to ``ahead`` batches early in a thread.
+def prefetch(
+    batches: Iterable[EncodedBatch],
+    transform: GpuTransform,
+    ahead: int = 2,
+    threads: int | None = None,
+    priority: int = 0,
+) -> Iterator[Batch]:
+    """``transform(b) for b in batches``, in order, computed up to ``ahead`` batches early by ``threads`` threads
+    (default: ``transform.threads``).
 
-    Why a thread: torchvision's CUDA ``decode_jpeg`` returns only when the whole device is idle (on an H200,
-    queued behind 430 ms of matmuls, on the same stream or another, it returned after 433 ms). Called from the
-    training loop, it stalls the host at every step, and the GPU with it: an eager bf16 ResNet50 trained at
-    3,200-3,600 img/s that way, 4,100-4,300 through this thread, 4,700 with the batch already on the GPU (one
-    H200, batch 256). The thread queues on a side stream, so the crops and resizes run beside the training.
+    Why threads: decoding blocks the calling thread until the GPU work queued before it has run, on any stream.
+    A transform call with torchvision's CUDA ``decode_jpeg`` took 33 ms for a batch of 256 on an idle H100 and
+    305 ms behind 180 queued matmuls; with nvImageCodec 40 and 308 ms (bench/benchmark.py's jpeg profile). Called
+    from the training loop, either stalls the host at every step, and the GPU with it. Each thread queues its work
+    on its own side stream (``priority``: that stream's CUDA priority, -1 high), so the crops and resizes run beside
+    the training; with two threads, one decodes a batch (without the GIL) while the other launches the crops of the
+    batch before it. The consumer's stream waits for each batch's event, and a batch's pinned file bytes stay
+    referenced until the GPU has read them (nvImageCodec copies them from where they lie, and torch's pinned-memory
+    cache would hand the block to another batch as soon as it is freed).
     """
+    it, lock, stop = iter(batches), threading.Lock(), threading.Event()
     q: queue.Queue = queue.Queue(maxsize=ahead)
-    stop = threading.Event()
     cuda = transform.device.type == "cuda"
-    side = torch.cuda.Stream(transform.device) if cuda else None
     main = torch.cuda.current_stream(transform.device) if cuda else None
+    seq, end = itertools.count(), [None]  # batch numbers, drawn under the lock with the batch; the last + 1
 
     def put(item: object) -> None:
         while not stop.is_set():
@@ -400,34 +435,59 @@ def prefetch(batches: Iterable[EncodedBatch], transform: GpuTransform, ahead: in
             except queue.Full:
                 pass
 
-    def produce() -> None:
+    def produce(slot: int) -> None:
+        side = torch.cuda.Stream(transform.device, priority=priority) if cuda else None
+        reading: deque = deque()  # (event, batch): file bytes the GPU may still be reading
         try:
             with torch.cuda.stream(side):  # also sets the thread's CUDA device (per thread, else cuda:0)
-                for b in batches:
-                    x, y, bad = transform(b)
+                while not stop.is_set():
+                    with lock:
+                        n = next(seq)
+                        b = next(it, None) if end[0] is None else None
+                        if b is None:
+                            end[0] = n if end[0] is None else end[0]
+                            break
+                    x, y, bad = transform(b, slot)
                     done = torch.cuda.Event() if cuda else None
                     if done is not None:
                         done.record(side)
-                    put((x, y, bad, done))
-                    if stop.is_set():
-                        return
-            put(None)
+                        reading.append((done, b))
+                        while reading and reading[0][0].query():
+                            reading.popleft()
+                    put((n, x, y, bad, done))
+            put(("end", None, None, None, None))
         except BaseException as e:  # re-raised in the consumer, with its traceback
-            put(e)
+            put(("error", e, None, None, None))
+        finally:
+            if reading:
+                reading[-1][0].synchronize()  # the stream's last event: every earlier one has completed too
 
-    thread = threading.Thread(target=produce, name="gpu-decode", daemon=True)
-    thread.start()
+    threads = threads or transform.threads
+    pool = [threading.Thread(target=produce, args=(i,), name="gpu-decode", daemon=True) for i in range(threads)]
+    for t in pool:
+        t.start()
     try:
-        while (item := q.get()) is not None:
-            if isinstance(item, BaseException):
-                raise item
-            x, y, bad, done = item
+        pending, ended, k = {}, 0, 0
+        while True:
+            while k not in pending and not (end[0] is not None and k >= end[0] and ended == threads):
+                n, x, y, bad, done = q.get()
+                if n == "error":
+                    raise x
+                if n == "end":
+                    ended += 1
+                else:
+                    pending[n] = (x, y, bad, done)
+            if k not in pending:
+                return
+            x, y, bad, done = pending.pop(k)
+            k += 1
             if done is not None and main is not None:
                 main.wait_event(done)  # the consumer's next kernels wait for this batch, nothing earlier does
                 for t in (x, y):
                     if t is not None:
-                        t.record_stream(main)  # made on the side stream: the allocator must not reuse it early
+                        t.record_stream(main)  # made on a side stream: the allocator must not reuse it early
             yield x, y, bad
-    finally:  # also when the consumer stops early: let the thread finish its batch and leave the loader alone
+    finally:  # also when the consumer stops early: let the threads finish their batch and leave the loader alone
         stop.set()
-        thread.join()
+        for t in pool:
+            t.join()

@@ -16,6 +16,17 @@ REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
 
+# The slowest files first. `pytest -n auto` hands out whole files (--dist loadfile, in pyproject.toml, so that a
+# module's fixtures run once), in this order: the longest start at once, and none is left running alone at the end.
+SLOWEST_FIRST = ["test_fault.py", "test_imagenet.py", "test_transformer.py", "test_docs.py", "test_cifar.py",
+                 "test_bench.py", "test_launchers.py", "test_slurm.py"]  # fmt: skip
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its own order
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -217,11 +218,21 @@ def test_nvimgcodec_needs_cuda():
         GpuTransform("cpu", 16, decoder="nvimgcodec")
 
 
-def test_prefetch(samples):
-    """The same batches as calling the transform; errors reach the consumer; stopping early ends the thread."""
+@pytest.mark.parametrize("threads", [1, 3])
+def test_prefetch(samples, threads):
+    """The same batches as calling the transform, in order, also from several threads that finish out of order;
+    errors reach the consumer; stopping early ends the threads."""
     ds, tf = EncodedImages(samples, seed=0), GpuTransform("cpu", 16)
-    batches = [batch_of(ds, [(e, i) for i in range(len(samples))]) for e in range(4)]
-    for (x, y, bad), b in zip(prefetch(batches, tf), batches, strict=True):
+    batches = [batch_of(ds, [(e, i) for i in range(len(samples))]) for e in range(7)]
+
+    class Uneven(GpuTransform):  # batch 0 comes out last
+        def __call__(self, b, slot=0):
+            time.sleep(0.5 if b is batches[0] else 0)
+            return super().__call__(b, slot)
+
+    got = list(prefetch(batches, Uneven("cpu", 16), threads=threads))
+    assert len(got) == len(batches)
+    for (x, y, bad), b in zip(got, batches, strict=True):
         ref = tf(b)
         assert torch.equal(x, ref[0]) and torch.equal(y, ref[1]) and bad == ref[2] == []
     with pytest.raises(ValueError, match="needs boxes"):  # evaluation batches given to a training transform

@@ -398,13 +398,16 @@ class PackedBatchSampler(Sampler):
     Once, from the seed: a random order of the pairs is packed into rows of at most pack_len - 1 tokens per side
     (pack_rows), and each row position keeps the (source, target) lengths of the pair it got: the layout. Rows of
     randomly mixed lengths fill both sides alike (over 97% real tokens for Multi30k-like lengths; rows of sorted
-    lengths, bound by the longer side, filled 85%). Then, each epoch, on every rank alike, from (seed, epoch) only:
-      1. the pairs of equal (source, target) lengths trade places at random: each position of the layout gets a
-         pair of its lengths, so the rows are the same size every epoch and hold different sentences;
-      2. empty rows are added until the count is a multiple of rows x world_size x accum, so every rank does the
-         same number of optimizer steps (no DDP hang) and no pair is dropped or repeated;
-      3. the rows are shuffled and dealt out, `rows` to a micro-batch, world_size x accum micro-batches per
-         optimizer step. Rank r takes micro-batches r*accum ... r*accum+accum-1.
+    lengths, bound by the longer side, filled 85%). Then, on every rank alike:
+      1. epoch e's rows, from (seed, e) only: the pairs of equal (source, target) lengths trade places at random, so
+         each position of the layout gets a pair of its lengths (the rows are the same size every epoch and hold
+         different sentences), and the rows are shuffled;
+      2. the epochs' rows, end to end, are dealt out in order: `rows` to a micro-batch, world_size x accum
+         micro-batches to an optimizer step, rank r taking micro-batches r*accum ... r*accum+accum-1. An epoch's
+         last step is topped up with the first rows of the next epoch, and only the run's last step (at `epochs`)
+         with empty rows: every step is full, every rank does the same number of steps (no DDP hang), and every
+         pair comes once per epoch's rows. Epoch e holds the steps that end in its rows: steps_before(e) to
+         steps_before(e + 1), the same number on every rank (their count varies by one from epoch to epoch).
     Every micro-batch has the same shape (rows x pack_len) and about the same number of real tokens, so compiled
     code and CUDA graphs are built once, and DDP ranks finish their steps together.
     The rows are cut once, so an epoch boundary costs milliseconds. `set_epoch(e, skip=k)` skips this rank's
@@ -422,6 +425,7 @@ class PackedBatchSampler(Sampler):
         world_size: int = 1,
         seed: int = 0,
         accum: int = 1,
+        epochs: int | None = None,
     ):
         self.src_lens, self.tgt_lens = torch.tensor(src_lens), torch.tensor(tgt_lens)
         longer = torch.maximum(self.src_lens, self.tgt_lens)
@@ -429,6 +433,8 @@ class PackedBatchSampler(Sampler):
             raise ValueError(f"a pair of {int(longer.max())} tokens does not fit a row of {pack_len} (and its tail)")
         self.rank, self.world, self.seed, self.accum, self.rows = rank, world_size, seed, accum, rows
         self.group = world_size * accum  # micro-batches per optimizer step, all ranks together
+        self.per_step = rows * self.group  # rows per optimizer step, all ranks together
+        self.epochs = epochs  # the end of the data: the last step is topped up with empty rows (None: no end)
         top = int(longer.max()) + 1
         self.key = (longer * top + self.tgt_lens) * top + self.src_lens
         layout = torch.randperm(len(self.key), generator=torch.Generator().manual_seed(mix_seed(seed, 54321)))
@@ -436,32 +442,52 @@ class PackedBatchSampler(Sampler):
         sizes = pack_rows(self.src_lens[layout].tolist(), self.tgt_lens[layout].tolist(), pack_len - 1)
         self.bounds = [0, *itertools.accumulate(sizes)]
         self.row_of = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))  # position -> row
-        self.n_rows = -(-len(sizes) // (rows * self.group)) * rows * self.group  # with the empty rows
-        self.steps_per_epoch = self.n_rows // (rows * self.group)
+        self.n_rows = len(sizes)  # rows of each epoch, all real
+        self.steps_per_epoch = self.n_rows / self.per_step  # on average
         self.fill = float(self.src_lens.sum() + self.tgt_lens.sum()) / (2 * self.n_rows * pack_len)
+        self._rows: dict[int, tuple[list[list[int]], list[int]]] = {}
         self._plans: dict[int, tuple[list[list[list[list[int]]]], list[int]]] = {}
         self.set_epoch(0)
+
+    def steps_before(self, epoch: int) -> int:
+        """Optimizer steps of the epochs before `epoch`: epoch e's last step is the one that deals its last row."""
+        return -(-epoch * self.n_rows // self.per_step)
+
+    def steps_in(self, epoch: int) -> int:
+        return self.steps_before(epoch + 1) - self.steps_before(epoch)
+
+    def epoch_rows(self, epoch: int) -> tuple[list[list[int]], list[int]]:
+        """Epoch `epoch`'s rows in the order they are dealt, and the target tokens of each: from (seed, epoch)."""
+        if epoch not in self._rows:
+            g = torch.Generator().manual_seed(mix_seed(self.seed, epoch))
+            perm = torch.randperm(len(self.key), generator=g)
+            order = torch.empty_like(perm)
+            order[self.slots] = perm[torch.argsort(self.key[perm], stable=True)]  # pairs of equal lengths, shuffled
+            tokens = torch.zeros(self.n_rows, dtype=torch.long).index_add_(0, self.row_of, self.tgt_lens[order])
+            flat = order.tolist()
+            shuffle = torch.randperm(self.n_rows, generator=g).tolist()
+            rows = [flat[self.bounds[k] : self.bounds[k + 1]] for k in shuffle]
+            self._rows = {e: r for e, r in self._rows.items() if epoch - 2 <= e <= epoch + 1}
+            self._rows[epoch] = rows, tokens[shuffle].tolist()
+        return self._rows[epoch]
 
     def plan(self, epoch: int) -> tuple[list[list[list[list[int]]]], list[int]]:
         """The epoch as a list of optimizer steps, each a list of world_size x accum micro-batches of `rows` rows,
         and the target tokens of each step (all its rows together). Kept for the epoch before it, still training."""
         if epoch in self._plans:
             return self._plans[epoch]
-        g = torch.Generator().manual_seed(mix_seed(self.seed, epoch))
-        perm = torch.randperm(len(self.key), generator=g)
-        order = torch.empty_like(perm)
-        order[self.slots] = perm[torch.argsort(self.key[perm], stable=True)]  # pairs of equal lengths, shuffled
-        tokens = torch.zeros(self.n_rows, dtype=torch.long).index_add_(0, self.row_of, self.tgt_lens[order])
-        flat = order.tolist()
-        rows = [flat[a:b] for a, b in itertools.pairwise(self.bounds)]
-        rows += [[] for _ in range(self.n_rows - len(rows))]
-        shuffle = torch.randperm(self.n_rows, generator=g)
-        rows, tokens = [rows[k] for k in shuffle.tolist()], tokens[shuffle]
-        batches = [rows[k : k + self.rows] for k in range(0, self.n_rows, self.rows)]
-        per_step = len(batches) // self.steps_per_epoch
-        steps = [batches[k : k + per_step] for k in range(0, len(batches), per_step)]
+        rows, tokens = [], []
+        for k in range(self.steps_before(epoch) * self.per_step, self.steps_before(epoch + 1) * self.per_step):
+            e, i = divmod(k, self.n_rows)  # the rows of all epochs end to end: row i of epoch e
+            past_end = self.epochs is not None and e >= self.epochs
+            row, n = ([], 0) if past_end else (self.epoch_rows(e)[0][i], self.epoch_rows(e)[1][i])
+            rows.append(row)
+            tokens.append(n)
+        batches = [rows[k : k + self.rows] for k in range(0, len(rows), self.rows)]
+        steps = [batches[k : k + self.group] for k in range(0, len(batches), self.group)]
+        step_tokens = [sum(tokens[k : k + self.per_step]) for k in range(0, len(tokens), self.per_step)]
         self._plans = {e: p for e, p in self._plans.items() if e == epoch - 1}
-        self._plans[epoch] = steps, tokens.view(self.steps_per_epoch, -1).sum(1).tolist()
+        self._plans[epoch] = steps, step_tokens
         return self._plans[epoch]
 
     def set_epoch(self, epoch: int, skip: int = 0, until: int | None = None) -> None:
@@ -482,4 +508,4 @@ class PackedBatchSampler(Sampler):
             yield from self.rank_batches(e)[self.skip if e == self.epoch else 0 :]
 
     def __len__(self) -> int:
-        return (self.until - self.epoch) * self.steps_per_epoch * self.accum - self.skip
+        return (self.steps_before(self.until) - self.steps_before(self.epoch)) * self.accum - self.skip

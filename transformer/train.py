@@ -246,7 +246,8 @@ def main(args: argparse.Namespace) -> None:
     }
 
     # [DDP 2] sentence pairs packed end to end into rows of pack_len tokens (data.PackedBatchSampler): every batch has
-    # the same shape, every rank the same number of batches, and the order of epoch e is a function of (seed, e).
+    # the same shape, every rank the same number of batches, the order of epoch e is a function of (seed, e), and
+    # an epoch's last step is topped up with the next epoch's first rows (empty rows only at the end of the run).
     rows = args.max_tokens // pack_len
     sampler = PackedBatchSampler(
         [len(s) + 1 for s in train_src],
@@ -257,8 +258,8 @@ def main(args: argparse.Namespace) -> None:
         info.world_size,
         args.seed,
         args.accum_steps,
+        args.epochs,
     )
-    steps_per_epoch = sampler.steps_per_epoch
     train_loader = torch.utils.data.DataLoader(
         PackedRows(ParallelDataset(train_src, train_tgt), pack_len),
         batch_sampler=sampler,
@@ -370,7 +371,7 @@ def main(args: argparse.Namespace) -> None:
             "params": n_params,
             "train_pairs": len(train_src),
             "dropped_long_pairs": n_long,
-            "steps_per_epoch": steps_per_epoch,
+            "steps_per_epoch": round(sampler.steps_per_epoch, 2),
             "max_tokens_per_step": rows * pack_len * info.world_size * args.accum_steps,
             "pack_len": pack_len,
             "rows_per_batch": rows,
@@ -383,9 +384,9 @@ def main(args: argparse.Namespace) -> None:
         f"transformer {args.preset} ({n_params / 1e6:.1f}M params) on {len(train_src)} pairs | "
         f"{info.world_size} process(es) on {device.type} ({info.launcher}) | {rows} x {pack_len} tokens x "
         f"{info.world_size} x {args.accum_steps} per step, {sampler.fill:.1%} of them real | "
-        f"{steps_per_epoch} steps/epoch | peak lr {args.lr:.4g}"
+        f"{sampler.steps_per_epoch:.1f} steps/epoch | peak lr {args.lr:.4g}"
     )
-    total_steps = args.epochs * steps_per_epoch
+    total_steps = sampler.steps_before(args.epochs)
     max_steps = min(total_steps, args.max_steps or total_steps)
     progress = Progress(info, max_steps, step, unit="tok")
     stop = StopSignal()
@@ -423,7 +424,7 @@ def main(args: argparse.Namespace) -> None:
     while epoch < args.epochs and step < max_steps and not stopped:
         model.train()
         step_tokens = sampler.step_tokens(epoch)  # target tokens of each optimizer step, all ranks together
-        for i in range(batch_in_epoch, steps_per_epoch * args.accum_steps):
+        for i in range(batch_in_epoch, sampler.steps_in(epoch) * args.accum_steps):
             src, tgt_in, tgt_out, src_doc, tgt_doc = (t.to(device, non_blocking=True) for t in next(batches))
             if i % args.accum_steps == 0:  # dropout masks depend on (seed, rank, step) only: resumable
                 torch.manual_seed(mix_seed(args.seed, info.rank, step))
@@ -462,7 +463,7 @@ def main(args: argparse.Namespace) -> None:
             stopped = stop.should_stop()
             if step >= max_steps or stopped:
                 break
-        epoch_done = batch_in_epoch >= steps_per_epoch * args.accum_steps
+        epoch_done = batch_in_epoch >= sampler.steps_in(epoch) * args.accum_steps
         if epoch_done:
             epoch, batch_in_epoch = epoch + 1, 0
         if args.eval_every > 0 and (
