@@ -36,6 +36,25 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of a process and every process below it, e.g. its DataLoader workers."""
+    import psutil
+
+    try:
+        procs = [psutil.Process(pid)]
+        procs += procs[0].children(recursive=True)
+    except psutil.Error:
+        return float("nan")
+    total = 0.0
+    for q in procs:
+        try:
+            c = q.cpu_times()
+            total += c.user + c.system
+        except psutil.Error:  # a worker that just left
+            pass
+    return total
+
+
 def timed(step, iters: int, warmup: int, items_per_iter: int, device: torch.device) -> float:
     """Items/s of ``step()``: warm up (compilation happens here), then the median of 5 timed windows."""
     for _ in range(warmup):
@@ -108,26 +127,9 @@ class Monitor:
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
-    def _cpu_seconds(self) -> float:
-        import psutil
-
-        try:
-            procs = [psutil.Process(self.pid)]
-            procs += procs[0].children(recursive=True)
-        except psutil.Error:
-            return float("nan")
-        total = 0.0
-        for q in procs:
-            try:
-                c = q.cpu_times()
-                total += c.user + c.system
-            except psutil.Error:  # a worker that just left
-                pass
-        return total
-
     def _run(self) -> None:
         while not self.stop:
-            rec = {"t": time.time(), "cpu_s": self._cpu_seconds()}
+            rec = {"t": time.time(), "cpu_s": cpu_seconds(self.pid)}
             if self.nvml is not None:
                 n, h = self.nvml, self.handle
                 try:

@@ -22,13 +22,15 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import torch
 import torch.nn.functional as F
 import torchvision
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+from benchmark import cpu_seconds, make_jpeg_folder  # noqa: E402
+
 from common.data import ResumableDistributedSampler  # noqa: E402
 from imagenet.gpu_decode import EncodedImages, GpuTransform, collate_encoded, nvimgcodec_decoders, prefetch  # noqa: E402
 
@@ -44,18 +46,6 @@ VARIANTS = {
     "nv_pinned_t3": ("nvimgcodec", True, 3, 0, False),
     "nv_pinned_t2_trainstream": ("nvimgcodec", True, 2, 0, True),
 }
-
-
-def cpu_seconds() -> float:
-    me = psutil.Process()
-    total = 0.0
-    for q in [me, *me.children(recursive=True)]:
-        try:
-            c = q.cpu_times()
-            total += c.user + c.system
-        except psutil.Error:
-            pass
-    return total
 
 
 def main() -> None:
@@ -74,9 +64,6 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     cuda = device.type == "cuda"
     if args.tiny:
-        sys.path.insert(0, str(REPO / "bench"))
-        from benchmark import make_jpeg_folder
-
         args.data = str(out / "tiny")
         make_jpeg_folder(Path(args.data), 48, 0, (40, 30), classes=2, workers=2)
         args.batch_size, args.workers, args.steps, args.warmup, size = 8, 1, 2, 1, 32
@@ -142,12 +129,12 @@ def main() -> None:
                     x, y, _ = next(batches)
                     step(x, y)
                 sync()
-                t0, c0 = time.perf_counter(), cpu_seconds()
+                t0, c0 = time.perf_counter(), cpu_seconds(os.getpid())
                 for _ in range(args.steps):
                     x, y, _ = next(batches)
                     step(x, y)
                 sync()
-                wall, cores = time.perf_counter() - t0, (cpu_seconds() - c0)
+                wall, cores = time.perf_counter() - t0, (cpu_seconds(os.getpid()) - c0)
             finally:
                 batches.close()
         ms = wall / args.steps * 1e3

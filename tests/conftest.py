@@ -16,15 +16,29 @@ REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
 
-# The slowest files first. `pytest -n auto` hands out whole files (--dist loadfile, in pyproject.toml, so that a
-# module's fixtures run once), in this order: the longest start at once, and none is left running alone at the end.
-SLOWEST_FIRST = ["test_fault.py", "test_imagenet.py", "test_transformer.py", "test_docs.py", "test_cifar.py",
-                 "test_bench.py", "test_launchers.py", "test_slurm.py"]  # fmt: skip
+# `pytest -n auto` (pytest-xdist, --dist loadgroup in pyproject.toml) hands out groups of tests, one per free
+# worker, slowest first so that none is left running alone at the end. A group is a file, so that a module's
+# fixtures run once, except test_fault.py: its CIFAR runs and its other-script runs share no fixture, so they are
+# two groups, and its peer-failure tests go one by one.
+SLOWEST_FIRST = ["test_imagenet.py", "test_transformer.py", "test_fault.py::cifar", "test_fault.py::other",
+                 "test_docs.py", "test_cifar.py", "test_bench.py", "test_launchers.py", "test_slurm.py"]  # fmt: skip
 
 
+def group(item) -> str:
+    name = item.path.name
+    if name != "test_fault.py":
+        return name
+    if "other_reference" in item.fixturenames:
+        return name + "::other"
+    return name + "::cifar" if "reference" in item.fixturenames else item.nodeid
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items):
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group(item)))
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its own order
+    items.sort(key=lambda item: rank.get(group(item), len(rank)))  # stable: each group keeps its own order
 
 
 def free_port() -> int:
