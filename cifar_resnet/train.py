@@ -34,7 +34,7 @@ from cifar_resnet.data import (
     to_uint8_tensors,
     train_transform,
 )
-from common.checkpoint import Position, resolve_resume, restore_training, save_checkpoint, set_schedule_position
+from common.checkpoint import CheckpointWriter, Position, resolve_resume, restore_training, set_schedule_position
 from common.data import (
     ExactEvalSampler,
     ResumableDistributedSampler,
@@ -300,6 +300,8 @@ def main(args: argparse.Namespace) -> None:
     epoch, step, batch_in_epoch, best, wandb_id = pos.epoch, pos.step, pos.batch_in_epoch, pos.best_metric, pos.wandb_id
     set_schedule_position(scheduler, epoch * steps_per_epoch + batch_in_epoch // args.accum_steps, lr)
 
+    writer = CheckpointWriter()  # writes on a thread: the step waits only for a copy of the state in host memory
+
     def save(name: str, keep_last: int = 0) -> float:
         """Returns the seconds it took, which the throughput leaves out (as it does evaluation)."""
         t = time.time()
@@ -311,7 +313,7 @@ def main(args: argparse.Namespace) -> None:
                          world_size=info.world_size, wandb_id=wandb_id)  # fmt: skip
             if ema:
                 state["ema"] = ema.module.state_dict()
-            save_checkpoint(state, out / name, keep_last=keep_last)
+            writer.save(state, out / name, keep_last=keep_last)
         wall["checkpoint"] += time.time() - t
         return time.time() - t
 
@@ -423,6 +425,7 @@ def main(args: argparse.Namespace) -> None:
     stop.close()
     watchdog.stop()
     progress.close()
+    writer.wait()  # the last checkpoint is on disk before the run says so
     if stopped:
         stop.exit_preempted(step, logger)
     wall["wall"] = time.time() - T_START

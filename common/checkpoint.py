@@ -12,6 +12,7 @@ import pickle
 import random
 import re
 import tempfile
+import threading
 import warnings
 import zipfile
 from collections.abc import Iterator
@@ -110,6 +111,50 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike, keep_last: i
         olds = sorted(path.parent.glob("step_*.pt"))
         for old in olds[:-keep_last]:
             old.unlink(missing_ok=True)
+
+
+def _to_host(obj: Any) -> Any:
+    """A copy of a state dict with every tensor copied into host memory."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _to_host(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_host(v) for v in obj)
+    return obj
+
+
+class CheckpointWriter:
+    """save_checkpoint on a background thread, so that training goes on while the file is written and fsynced.
+
+    ``save`` copies the state into host memory first (the only part the caller waits for: training changes the
+    device tensors in place right after), then waits for the previous write. One write at a time. Call ``wait``
+    before the process reports its end; an error of the write is raised by the next ``save`` or ``wait``.
+    """
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def save(self, state: dict[str, Any], path: str | os.PathLike, keep_last: int = 0) -> None:
+        snapshot = _to_host(state)
+        self.wait()
+        self._thread = threading.Thread(target=self._write, args=(snapshot, path, keep_last), name="checkpoint")
+        self._thread.start()  # not a daemon: an interpreter that exits still finishes the write
+
+    def _write(self, state: dict[str, Any], path: str | os.PathLike, keep_last: int) -> None:
+        try:
+            save_checkpoint(state, path, keep_last)
+        except BaseException as e:  # handed to the training thread
+            self._error = e
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:

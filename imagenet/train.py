@@ -31,12 +31,12 @@ import torchvision.transforms as T
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # find common/ when run as a script
 from common.checkpoint import (
+    CheckpointWriter,
     Position,
     load_checkpoint,
     load_model_state,
     resolve_resume,
     restore_training,
-    save_checkpoint,
     set_schedule_position,
 )
 from common.data import (
@@ -397,6 +397,8 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
     set_schedule_position(scheduler, at, lr)
     step = step or at  # main.py's --start-epoch also counts the skipped epochs' steps
 
+    writer = CheckpointWriter()  # writes on a thread: the step waits only for a copy of the state in host memory
+
     def save(name: str, keep_last: int = 0) -> float:
         """Returns the seconds it took, which the throughput leaves out (as it does evaluation)."""
         t = time.time()
@@ -406,7 +408,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
                          scheduler=scheduler.state_dict(), scaler=scaler.state_dict(), epoch=epoch, step=step,
                          batch_in_epoch=batch_in_epoch, best_metric=best, args=vars(args), world_size=info.world_size,
                          wandb_id=wandb_id, arch=args.arch, num_classes=num_classes)  # fmt: skip
-            save_checkpoint({**state, **({"model_ema": ema.state_dict()} if ema else {})}, out / name, keep_last)
+            writer.save({**state, **({"model_ema": ema.state_dict()} if ema else {})}, out / name, keep_last)
         return time.time() - t
 
     config = logger.write_config(
@@ -506,6 +508,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
             f"{gpu_train.decoder} decoded (rank 0): "
             + ", ".join(f"{k} {v}" for k, v in sorted(gpu_train.counts.items()))
         )
+    writer.wait()  # the last checkpoint is on disk before the run says so
     if stopped:
         stop.exit_preempted(step, logger)
     print0(f"done: step {step}, best val acc1 {best:.2f}")

@@ -11,7 +11,15 @@ import pytest
 import torch
 import torch.nn as nn
 
-from common.checkpoint import load_checkpoint, load_model_state, resolve_resume, save_checkpoint, strip_prefixes, unwrap
+from common.checkpoint import (
+    CheckpointWriter,
+    load_checkpoint,
+    load_model_state,
+    resolve_resume,
+    save_checkpoint,
+    strip_prefixes,
+    unwrap,
+)
 from common.errors import UserError
 from tests.conftest import PY, REPO
 
@@ -38,6 +46,33 @@ def test_round_trip_is_exact_and_weights_only(tmp_path):
     load_model_state(model2, back["model"], "x")
     assert torch.equal(model2[0].weight, model[0].weight)
     assert not list(tmp_path.glob("*.tmp"))  # no temp files left behind
+
+
+def test_background_writer_saves_the_state_as_it_was_when_asked(tmp_path):
+    """Training changes the weights in place right after save(): the file must hold the state of the save() call."""
+    w = torch.zeros(4_000_000)
+    state = {"model": {"w": w}, "optimizer": {"state": {0: {"m": w[:5]}}, "param_groups": [{"lr": 0.1}]}, "step": 3}
+    writer = CheckpointWriter()
+    writer.save(state, tmp_path / "last.pt", keep_last=2)
+    w.add_(1.0)  # the next optimizer step, while the file is being written
+    state["step"] = 4
+    writer.save(state, tmp_path / "last.pt", keep_last=2)  # waits for the first write
+    w.add_(1.0)
+    writer.wait()
+    back, first = load_checkpoint(tmp_path / "last.pt"), load_checkpoint(tmp_path / "step_00000003.pt")
+    assert back["step"] == 4 and torch.equal(back["model"]["w"], torch.ones(4_000_000))
+    assert first["step"] == 3 and torch.equal(first["model"]["w"], torch.zeros(4_000_000))
+    assert torch.equal(first["optimizer"]["state"][0]["m"], torch.zeros(5))
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_background_writer_raises_a_failed_write(tmp_path):
+    (tmp_path / "a_file").write_text("not a folder")
+    writer = CheckpointWriter()
+    writer.save({"model": {}}, tmp_path / "a_file" / "last.pt")
+    with pytest.raises(OSError):
+        writer.wait()
+    writer.wait()  # raised once; the writer is usable again
 
 
 @pytest.mark.parametrize("prefix", ["module.", "_orig_mod.", "module._orig_mod.", "_orig_mod.module."])

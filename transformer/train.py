@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # find common/ when run as a script
-from common.checkpoint import load_checkpoint, load_model_state, resolve_resume, save_checkpoint
+from common.checkpoint import CheckpointWriter, load_checkpoint, load_model_state, resolve_resume
 from common.data import ExactEvalSampler, worker_context
 from common.distributed import (
     add_dist_args,
@@ -335,12 +335,14 @@ def main(args: argparse.Namespace) -> None:
             epoch, batch_in_epoch = epoch + (batch_in_epoch > 0), 0
         del ckpt
 
+    writer = CheckpointWriter()  # writes on a thread: the step waits only for a copy of the state in host memory
+
     def save(name: str, keep_last: int = 0) -> float:
         """Returns the seconds it took, which the throughput leaves out (as it does evaluation)."""
         t = time.time()
         watchdog.beat(CHECKPOINT)
         if info.is_main:  # [DDP 4] only rank 0 writes, atomically
-            save_checkpoint(
+            writer.save(
                 {
                     "model": model_without_ddp.state_dict(),
                     "optimizer": optimizer.state_dict(),
@@ -479,6 +481,7 @@ def main(args: argparse.Namespace) -> None:
         t0 += save("last.pt")  # a small corpus checkpoints often; keep that out of the tokens/s too
     stop.close()
     progress.close()
+    writer.wait()  # the last checkpoint is on disk before the run says so
     if stopped:
         stop.exit_preempted(step, logger)
     if "test" in eval_sets and args.eval_every > 0:
