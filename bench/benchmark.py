@@ -261,7 +261,10 @@ def bench_cifar(args, device, rows):
         recipe = ["-a", arch, "-b", "512", "--lr", "0.4", "--tta", "--amp", "bf16", "--channels-last", "--compile"]
         if args.tiny:  # CPU smoke: small batch, eager, fp32, a few steps
             recipe = ["-a", arch, "-b", "8", "--lr", "0.4", "--tta", "--amp", "none", "--no-channels-last"]
-        for name, flags in [("--gpu-data", ["--gpu-data"]), ("DataLoader (Pillow)", ["-j", str(args.workers)])]:
+        paths = [("--gpu-data", ["--gpu-data"]), ("DataLoader (Pillow)", ["-j", str(args.workers)])]
+        if not args.tiny:  # CUDA graphs: the same step with its kernel launches replayed
+            paths.insert(1, ("--gpu-data, CUDA graphs", ["--gpu-data", "--compile-mode", "reduce-overhead"]))
+        for name, flags in paths:
             out = Path(args.out) / f"cifar_{len(rows)}"
             cmd = [sys.executable, "cifar_resnet/train.py", *data, *recipe, "--epochs", "3", "-p", "20",
                    "--output-dir", str(out), "--resume", "none", *flags]  # fmt: skip
