@@ -42,14 +42,14 @@ def test_readme_cpu_commands_run(tmp_path):
             timeout=600,
         )
     recs = [json.loads(line) for line in open(repo / "runs/quickstart/metrics.jsonl")]
-    assert recs[-1]["split"] == "val" and recs[-1]["count"] == 1000
+    assert [r["split"] for r in recs[-2:]] == ["val", "time"] and recs[-2]["count"] == 1000
 
 
 def test_copy_as_template_runs_unchanged(tmp_path):
-    """cp -r common/ cifar_resnet/train.py to a new project: it must run as is."""
+    """cp -r common/ cifar_resnet/ to a new project: it must run as is, with nothing of this repo on the path."""
     proj = tmp_path / "my_project"
     shutil.copytree(REPO / "common", proj / "common", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(REPO / "cifar_resnet/train.py", proj / "train.py")
+    shutil.copytree(REPO / "cifar_resnet", proj / "cifar_resnet", ignore=shutil.ignore_patterns("__pycache__"))
     run(
         [
             PY,
@@ -57,7 +57,7 @@ def test_copy_as_template_runs_unchanged(tmp_path):
             "torch.distributed.run",
             "--standalone",
             "--nproc_per_node=2",
-            "train.py",
+            "cifar_resnet/train.py",
             "--synthetic",
             "--max-steps",
             "2",
