@@ -10,7 +10,16 @@ import sys
 
 import pytest
 import torch
-from conftest import PY, REPO, run, run_parallel, torchrun
+from conftest import (
+    PY,
+    REPO,
+    run,
+    run_parallel,
+    torchrun,
+    transformer_corpus,
+    transformer_ddp_cmd,
+    transformer_reference,
+)
 
 sys.path.insert(0, str(REPO))
 pytest.importorskip("tokenizers")
@@ -401,19 +410,13 @@ def test_tiny_model_learns_synthetic_translation(tmp_path):
 
 @pytest.fixture(scope="module")
 def ddp_runs(tmp_path_factory):
-    """A local de->en corpus (.gz and plain files), trained by 2 gloo processes: uninterrupted to step 18,
-    and in two legs (to step 5, mid-epoch, then the same command to 18, past an epoch end)."""
-    tmp = tmp_path_factory.mktemp("ddp")
-    splits = synthetic_corpus(1, (400, 30, 21))
-    data = write_corpus(tmp / "corpus", splits)
-    common = [TRAIN, "--data", data, "--lang-src", "de", "--lang-tgt", "en", "--preset", "tiny", "--dropout", "0.1",
-              "--vocab-size", "200", "--max-tokens", "256", "--accum-steps", "2", "--epochs", "3", "--lr", "1e-3",
-              "--warmup-steps", "5", "-j", "1", "-p", "2", "--save-every-steps", "3"]  # fmt: skip
-    full, legs = tmp / "full", tmp / "legs"
-    torchrun(2, *common, "--max-steps", "18", "--output-dir", full, timeout=180)
-    torchrun(2, *common, "--max-steps", "5", "--output-dir", legs, timeout=180)
-    resumed = torchrun(2, *common, "--max-steps", "18", "--output-dir", legs, timeout=180)
-    return dict(full=full, legs=legs, splits=splits, resumed=resumed)
+    """A local de->en corpus (.gz and plain files), trained by 2 gloo processes: uninterrupted to step 18 (shared
+    with test_fault.py), and in two legs (to step 5, mid-epoch, then the same command to 18, past an epoch end)."""
+    full, data = transformer_reference(tmp_path_factory), transformer_corpus(tmp_path_factory)
+    legs = tmp_path_factory.mktemp("legs")
+    torchrun(2, *transformer_ddp_cmd(data, legs, "--max-steps", "5"), timeout=180)
+    resumed = torchrun(2, *transformer_ddp_cmd(data, legs), timeout=180)
+    return dict(full=full, legs=legs, splits=synthetic_corpus(1, (400, 30, 21)), resumed=resumed)
 
 
 @pytest.mark.slow
