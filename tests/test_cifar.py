@@ -117,11 +117,21 @@ def test_resume_mid_epoch_is_bit_identical(tmp_path, tmp_path_factory, data_path
         (["--synthetic", "--output-dir", "/proc/forbidden"], "error: output dir /proc/forbidden is not writable"),
     ],
 )
-def test_bad_input_is_one_line(tmp_path, args, msg):
+def test_bad_input_is_one_line(tmp_path, args, msg, monkeypatch, capsys):
+    """The script's entry point in this process (no torch import per case); the first case also as a command."""
+    import cifar_resnet.train as train
+
     full = ["--output-dir", str(tmp_path / "o"), "-j", "0", "--max-steps", "1", *args]
-    p = run([PY, "cifar_resnet/train.py", *full], check=False)
-    assert p.returncode == 2 and p.stderr.strip() == p.stderr.strip().splitlines()[0], p.stderr
-    assert p.stderr.startswith(msg), p.stderr
+    monkeypatch.setattr(sys, "argv", ["cifar_resnet/train.py", *full])
+    with pytest.raises(SystemExit) as e:
+        train.run_cli(train.cli)
+    results = [(e.value.code, capsys.readouterr().err)]
+    if args[1] == "/nonexistent":
+        p = run([PY, "cifar_resnet/train.py", *full], check=False)
+        results.append((p.returncode, p.stderr))
+    for code, err in results:
+        assert code == 2 and err.strip() == err.strip().splitlines()[0], err
+        assert err.startswith(msg), err
 
 
 def test_checkpoint_from_other_arch_is_refused(tmp_path):
