@@ -253,6 +253,9 @@ def bench_cifar(args, device, rows):
     """CIFAR ResNets: the bare loop's epoch vs the fast recipe's (--gpu-data) and the DataLoader path's, same flags."""
     n = 45000 if not args.tiny else 64
     data = ["--data-dir", args.cifar_dir, "--val-split", "5000"] if args.cifar_dir else ["--synthetic"]
+    if args.tiny:  # 64 + 16 JPEGs: --synthetic's 1,000 validation images would take a CPU most of the time
+        make_jpeg_folder(Path(args.out) / "cifar32", n, 16, (32, 32), classes=10, workers=1)
+        data = ["--data-dir", str(Path(args.out) / "cifar32")]
     for arch in args.cifar_archs.split(","):
         bare_s = cifar_bare_epoch(args, device, n, arch)
         what = f"bare step {arch}, b 512, bf16+cl+compile, resident data"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import socket
 import subprocess
 import sys
@@ -19,7 +20,8 @@ PY = sys.executable
 # `pytest -n auto` (pytest-xdist, --dist loadgroup in pyproject.toml) hands out groups of tests, one per free
 # worker, slowest first so that none is left running alone at the end. A group is a file, so that a module's
 # fixtures run once, except test_fault.py: its CIFAR runs and its other-script runs share no fixture, so they are
-# two groups, and its peer-failure tests go one by one.
+# two groups, and its peer-failure tests go one by one. An uninterrupted reference run that tests in several files
+# compare with (see shared) is made by whichever group needs it first; a group that needs it meanwhile waits.
 SLOWEST_FIRST = ["test_imagenet.py", "test_transformer.py", "test_fault.py::cifar", "test_fault.py::other",
                  "test_docs.py", "test_cifar.py", "test_bench.py", "test_launchers.py", "test_slurm.py"]  # fmt: skip
 
@@ -115,6 +117,77 @@ def make_cifar_pickles(root: Path, n_train: int = 50, n_test: int = 20, seed: in
     with open(d / "batches.meta", "wb") as f:
         pickle.dump({"label_names": [f"c{i}" for i in range(10)], "num_cases_per_batch": per}, f)
     return root
+
+
+def shared(tmp_path_factory, name: str, make) -> Path:
+    """A directory that `make(path)` fills once per test session, also across xdist workers (a file lock in the
+    run's temp dir, which the workers share): the uninterrupted runs that tests in several files compare against."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    root = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+    path = root / name
+    with FileLock(f"{path}.lock"):
+        if not (path / ".done").exists():
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir()
+            make(path)
+            (path / ".done").touch()
+    return path
+
+
+def cifar_resume_cmd(data, out, *extra, gpu_data: bool = True) -> list[str]:
+    """cifar_resnet/train.py on 40 images, 2 epochs of 5 steps per rank at 2 ranks, the GPU-resident data path (or
+    the DataLoader's) with random erasing and EMA, a checkpoint every 2 steps: test_cifar.py's mid-epoch resume and
+    test_fault.py's restarts and preemptions all compare with one uninterrupted run of it (cifar_reference)."""
+    data_path = ["--gpu-data", "-j", "0"] if gpu_data else ["-j", "1"]
+    return ["cifar_resnet/train.py", "--data-dir", str(data), "--epochs", "2", *data_path,
+            "--random-erasing", "0.5", "--ema", "0.9", "-b", "4", "-p", "1", "--seed", "3", "--save-every-steps", "2",
+            "--output-dir", str(out), *map(str, extra)]  # fmt: skip
+
+
+def cifar_data(tmp_path_factory) -> Path:
+    return shared(tmp_path_factory, "cifar_data", lambda d: make_jpeg_imagefolder(d, {"train": 40, "test": 7}, 10))
+
+
+def cifar_reference(tmp_path_factory) -> Path:
+    """The output dir of the uninterrupted torchrun run of cifar_resume_cmd (2 processes)."""
+    data = cifar_data(tmp_path_factory)
+    return shared(tmp_path_factory, "cifar_reference", lambda d: torchrun(2, *cifar_resume_cmd(data, d)))
+
+
+def transformer_ddp_cmd(data, out, *extra) -> list[str]:
+    """transformer/train.py on a local de->en corpus by 2 processes, 13.5 steps an epoch, a checkpoint every 3 steps,
+    to step 18: test_transformer.py's resume and test_fault.py's restart and preemption compare with one
+    uninterrupted run of it (transformer_reference)."""
+    return ["transformer/train.py", "--data", str(data), "--lang-src", "de", "--lang-tgt", "en", "--preset", "tiny",
+            "--dropout", "0.1", "--vocab-size", "200", "--max-tokens", "256", "--accum-steps", "2", "--epochs", "3",
+            "--lr", "1e-3", "--warmup-steps", "5", "-j", "1", "-p", "2", "--save-every-steps", "3",
+            "--max-steps", "18", "--output-dir", str(out), *map(str, extra)]  # fmt: skip
+
+
+def transformer_corpus(tmp_path_factory) -> Path:
+    """A local corpus in the formats a user has: .gz and plain files (train.de.gz, train.en, ..., val.en.gz)."""
+
+    def make(root: Path):
+        import gzip
+
+        sys.path.insert(0, str(REPO))
+        from transformer.data import synthetic_corpus
+
+        for split, (a, b) in synthetic_corpus(1, (400, 30, 21)).items():
+            for lang, lines in (("de", a), ("en", b)):
+                data = ("\n".join(lines) + "\n").encode()
+                gz = f"{split}.{lang}" in ("train.de", "val.en")
+                (root / f"{split}.{lang}{'.gz' if gz else ''}").write_bytes(gzip.compress(data) if gz else data)
+
+    return shared(tmp_path_factory, "transformer_corpus", make)
+
+
+def transformer_reference(tmp_path_factory) -> Path:
+    """The output dir of the uninterrupted torchrun run of transformer_ddp_cmd."""
+    data = transformer_corpus(tmp_path_factory)
+    return shared(tmp_path_factory, "transformer_reference", lambda d: torchrun(2, *transformer_ddp_cmd(data, d)))
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """cifar_resnet/train.py end to end under torchrun, in every data format, and exact resume."""
 
+import functools
 import json
 import os
 import sys
@@ -8,7 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import PY, make_cifar_pickles, make_jpeg_imagefolder, run, torchrun
+from tests.conftest import (
+    PY,
+    cifar_data,
+    cifar_reference,
+    cifar_resume_cmd,
+    make_cifar_pickles,
+    make_jpeg_imagefolder,
+    run,
+    torchrun,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cifar_resnet.data import decode_folder, gpu_random_erasing  # noqa: E402
@@ -35,10 +45,8 @@ def check_run(out, world_size, steps):
     return recs
 
 
-def test_synthetic_two_processes(tmp_path):
-    torchrun(2, "cifar_resnet/train.py", "--synthetic", "--max-steps", "3", "-j", "0", "--output-dir", tmp_path, *TINY)
-    recs = check_run(tmp_path, 2, 3)
-    assert [r["count"] for r in recs if r["split"] == "val"] == [1000]
+# --synthetic under torchrun (2 processes, every step logged, all 1,000 val images counted once) is the README's
+# quickstart command, checked by tests/test_docs.py::test_readme_cpu_commands_run.
 
 
 def test_torchvision_pickle_format(tmp_path):
@@ -73,16 +81,19 @@ def test_jpeg_imagefolder_with_val_split(tmp_path, tiny_imagefolder):
 
 
 @pytest.mark.parametrize("data_path", ["loader", "gpu-data"])
-def test_resume_mid_epoch_is_bit_identical(tmp_path, tiny_imagefolder, data_path):
-    """Uninterrupted 2 epochs == stop at step 3 (mid-epoch 1) + the same command again."""
-    extra = ["-j", "1"] if data_path == "loader" else ["--gpu-data", "-j", "0"]
-    extra += ["--random-erasing", "0.5", "--ema", "0.9"]
-    cmd = ["cifar_resnet/train.py", "--data-dir", tiny_imagefolder, "--epochs", "2", *extra, *TINY]
-    torchrun(2, *cmd, "--output-dir", tmp_path / "a")  # 40 images / 2 ranks / 4 = 5 steps per epoch
-    torchrun(2, *cmd, "--output-dir", tmp_path / "b", "--max-steps", "3")
+def test_resume_mid_epoch_is_bit_identical(tmp_path, tmp_path_factory, data_path):
+    """Uninterrupted 2 epochs == stop at step 3 (mid-epoch 1) + the same command again. The --gpu-data run is the
+    one test_fault.py restarts and preempts: one uninterrupted run for both files."""
+    data = cifar_data(tmp_path_factory)  # 40 images / 2 ranks / 4 = 5 steps per epoch
+    cmd = functools.partial(cifar_resume_cmd, data, gpu_data=data_path == "gpu-data")
+    if data_path == "loader":
+        torchrun(2, *cmd(tmp_path / "a"))
+    else:
+        (tmp_path / "a").symlink_to(cifar_reference(tmp_path_factory))
+    torchrun(2, *cmd(tmp_path / "b", "--max-steps", "3"))
     mid = torch.load(tmp_path / "b/last.pt", weights_only=True)
     assert mid["batch_in_epoch"] == 3 and mid["epoch"] == 0
-    p = torchrun(2, *cmd, "--output-dir", tmp_path / "b")
+    p = torchrun(2, *cmd(tmp_path / "b"))
     assert "resumed from" in p.stdout and "step 3, batch 3" in p.stdout
     a, b = (torch.load(tmp_path / f"{x}/last.pt", weights_only=True) for x in "ab")
     assert a["step"] == b["step"] == 10
@@ -106,11 +117,21 @@ def test_resume_mid_epoch_is_bit_identical(tmp_path, tiny_imagefolder, data_path
         (["--synthetic", "--output-dir", "/proc/forbidden"], "error: output dir /proc/forbidden is not writable"),
     ],
 )
-def test_bad_input_is_one_line(tmp_path, args, msg):
+def test_bad_input_is_one_line(tmp_path, args, msg, monkeypatch, capsys):
+    """The script's entry point in this process (no torch import per case); the first case also as a command."""
+    import cifar_resnet.train as train
+
     full = ["--output-dir", str(tmp_path / "o"), "-j", "0", "--max-steps", "1", *args]
-    p = run([PY, "cifar_resnet/train.py", *full], check=False)
-    assert p.returncode == 2 and p.stderr.strip() == p.stderr.strip().splitlines()[0], p.stderr
-    assert p.stderr.startswith(msg), p.stderr
+    monkeypatch.setattr(sys, "argv", ["cifar_resnet/train.py", *full])
+    with pytest.raises(SystemExit) as e:
+        train.run_cli(train.cli)
+    results = [(e.value.code, capsys.readouterr().err)]
+    if args[1] == "/nonexistent":
+        p = run([PY, "cifar_resnet/train.py", *full], check=False)
+        results.append((p.returncode, p.stderr))
+    for code, err in results:
+        assert code == 2 and err.strip() == err.strip().splitlines()[0], err
+        assert err.startswith(msg), err
 
 
 def test_checkpoint_from_other_arch_is_refused(tmp_path):

@@ -5,6 +5,7 @@ import re
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.conftest import PY, REPO, run
@@ -29,10 +30,12 @@ def copy_repo(dst: Path) -> Path:
     return dst
 
 
-def test_readme_cpu_commands_run(tmp_path):
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory) -> Path:
+    """The README's CPU-tested commands, run as written in a copy of the repository; returns its runs/quickstart."""
     cmds = readme_commands(REPO / "README.md")
     assert any(c.startswith("torchrun --standalone --nproc_per_node=2 cifar_resnet/train.py") for c in cmds), cmds
-    repo = copy_repo(tmp_path / "repo")
+    repo = copy_repo(tmp_path_factory.mktemp("readme") / "repo")
     for cmd in cmds:
         if "pytest" in cmd:
             continue  # the test command is what runs this
@@ -41,8 +44,20 @@ def test_readme_cpu_commands_run(tmp_path):
             cwd=repo,
             timeout=600,
         )
-    recs = [json.loads(line) for line in open(repo / "runs/quickstart/metrics.jsonl")]
-    assert [r["split"] for r in recs[-2:]] == ["val", "time"] and recs[-2]["count"] == 1000
+    return repo / "runs/quickstart"
+
+
+def test_readme_cpu_commands_run(quickstart):
+    """The quickstart is also cifar_resnet/train.py's end-to-end check of --synthetic under torchrun: 2 gloo
+    processes, every step logged and checkpointed without wrapper prefixes, all 1,000 val images counted once."""
+    recs = [json.loads(line) for line in open(quickstart / "metrics.jsonl")]
+    assert [r["count"] for r in recs if r["split"] == "val"] == [1000]  # once, at the end (after it: timings)
+    cfg = json.loads((quickstart / "config.json").read_text())
+    assert (cfg["world_size"], cfg["launcher"], cfg["backend"], cfg["global_batch"]) == (2, "torchrun", "gloo", 64)
+    ckpt = torch.load(quickstart / "last.pt", weights_only=True)
+    assert ckpt["step"] == 20 and not any(k.startswith(("module.", "_orig_mod.")) for k in ckpt["model"])
+    train = [r for r in recs if r["split"] == "train"]
+    assert [r["step"] for r in train] == [5, 10, 15, 20] and all(r["img_per_s"] > 0 and r["loss"] > 0 for r in train)
 
 
 def test_copy_as_template_runs_unchanged(tmp_path):
@@ -75,10 +90,9 @@ def test_copy_as_template_runs_unchanged(tmp_path):
     assert torch.load(proj / "out/last.pt", weights_only=True)["step"] == 2
 
 
-def test_plot_metrics_renders_png(tmp_path):
-    out = tmp_path / "run"
-    run([*TINY_CIFAR, "--max-steps", "3", "--output-dir", out])
-    run([PY, "scripts/plot_metrics.py", out, out / "metrics.jsonl", "--out", tmp_path / "p.png"])
+def test_plot_metrics_renders_png(quickstart, tmp_path):
+    """The README's run (train and val records): a run directory and a metrics file, plotted together."""
+    run([PY, "scripts/plot_metrics.py", quickstart, quickstart / "metrics.jsonl", "--out", tmp_path / "p.png"])
     data = (tmp_path / "p.png").read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 

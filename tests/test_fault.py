@@ -10,57 +10,39 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import PY, REPO, free_port, make_jpeg_imagefolder, run
+from tests.conftest import (
+    PY,
+    REPO,
+    cifar_data,
+    cifar_reference,
+    cifar_resume_cmd,
+    free_port,
+    run,
+    transformer_corpus,
+    transformer_ddp_cmd,
+    transformer_reference,
+)
 
 STEPS = 10  # 40 images / 2 ranks / batch 4 = 5 steps per epoch, 2 epochs
 
 
-def train_cmd(data, out, *extra):
-    return [
-        "cifar_resnet/train.py",
-        "--data-dir",
-        str(data),
-        "--epochs",
-        "2",
-        "-b",
-        "4",
-        "-j",
-        "0",
-        "--seed",
-        "5",
-        "--save-every-steps",
-        "2",
-        "-p",
-        "1",
-        "--output-dir",
-        str(out),
-        *extra,
-    ]
+train_cmd = cifar_resume_cmd  # the run test_cifar.py resumes: one uninterrupted run for both files
 
 
 def torchrun_cmd(*args, restarts=0):
-    return [
-        PY,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        f"--max-restarts={restarts}",
-        *args,
-    ]
+    return [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", f"--max-restarts={restarts}",
+            *args]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    return make_jpeg_imagefolder(tmp_path_factory.mktemp("d"), {"train": 40, "test": 7}, classes=10)
+    return cifar_data(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
-def reference(data, tmp_path_factory):
-    """The uninterrupted run every interrupted one must match bit for bit."""
-    out = tmp_path_factory.mktemp("ref")
-    run(torchrun_cmd(*train_cmd(data, out)))
-    return torch.load(out / "last.pt", weights_only=True)
+def reference(tmp_path_factory):
+    """The uninterrupted run every interrupted one must match bit for bit (shared with test_cifar.py)."""
+    return torch.load(cifar_reference(tmp_path_factory) / "last.pt", weights_only=True)
 
 
 def assert_same_params(a, b):
@@ -181,50 +163,41 @@ def test_dead_or_stuck_peer_never_hangs_the_survivor(data, tmp_path, sig):
 # ------------------------------------------------------------------ the same guarantee for the other two scripts
 
 
-def other_script_cmd(name, tmp, out):
+def other_script_cmd(name, tmp_path_factory, out):
     if name == "imagenet":
         return ["imagenet/train.py", "--dummy", "--dummy-sizes", "40", "7", "-a", "resnet18", "-b", "4", "-j", "0",
                 "--train-crop-size", "32", "--val-crop-size", "32", "--val-resize-size", "36", "--epochs", "2",
                 "--save-every-steps", "2", "-p", "1", "--seed", "5", "--output-dir", str(out)]  # fmt: skip
-    import gzip
-
-    from transformer.data import synthetic_corpus
-
-    data = tmp / "corpus"
-    if not data.exists():
-        data.mkdir()
-        for split, (de, en) in synthetic_corpus(1, (400, 20, 0)).items():
-            if de:
-                (data / f"{split}.de.gz").write_bytes(gzip.compress(("\n".join(de) + "\n").encode()))
-                (data / f"{split}.en").write_text("\n".join(en) + "\n")
-    return ["transformer/train.py", "--data", str(data), "--lang-src", "de", "--lang-tgt", "en", "--preset", "tiny",
-            "--dropout", "0.1", "--vocab-size", "200", "--max-tokens", "256", "--epochs", "30", "--max-steps", "16",
-            "--eval-every", "100", "-j", "0", "-p", "1", "--save-every-steps", "4",
-            "--output-dir", str(out)]  # fmt: skip
+    # the run test_transformer.py resumes, without a DataLoader worker: an exact resume does not depend on -j
+    return transformer_ddp_cmd(transformer_corpus(tmp_path_factory), out, "-j", "0")
 
 
 @pytest.fixture(scope="module")
 def other_reference(tmp_path_factory):
-    """name -> the uninterrupted run of that script, made once for both its restart and its preemption test."""
+    """name -> the uninterrupted run of that script, made once for both its restart and its preemption test (the
+    transformer's also for test_transformer.py)."""
     refs = {}
 
     def get(name):
         if name not in refs:
-            tmp = tmp_path_factory.mktemp(f"ref_{name}")
-            run(torchrun_cmd(*other_script_cmd(name, tmp, tmp / "ref")))
-            refs[name] = torch.load(tmp / "ref/last.pt", weights_only=True)
+            if name == "transformer":
+                out = transformer_reference(tmp_path_factory)
+            else:
+                out = tmp_path_factory.mktemp(f"ref_{name}") / "ref"
+                run(torchrun_cmd(*other_script_cmd(name, tmp_path_factory, out)))
+            refs[name] = torch.load(out / "last.pt", weights_only=True)
         return refs[name]
 
     return get
 
 
 @pytest.mark.parametrize("name", ["imagenet", "transformer"])
-def test_elastic_restart_other_scripts(name, other_reference, tmp_path):
+def test_elastic_restart_other_scripts(name, other_reference, tmp_path, tmp_path_factory):
     """imagenet/ and transformer/: SIGKILL a worker under torchrun --max-restarts=1 after the first
     checkpoint; the job finishes and matches an uninterrupted run bit for bit (dropout included)."""
     ref = other_reference(name)
     out = tmp_path / "killed"
-    proc = popen(torchrun_cmd(*other_script_cmd(name, tmp_path, out), restarts=1))
+    proc = popen(torchrun_cmd(*other_script_cmd(name, tmp_path_factory, out), restarts=1))
     wait_for_step(out, 4, proc)
     os.kill(descendants_with_rank(proc.pid, 1)[0], signal.SIGKILL)
     log, _ = proc.communicate(timeout=300)
@@ -236,18 +209,18 @@ def test_elastic_restart_other_scripts(name, other_reference, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["imagenet", "transformer"])
-def test_preemption_other_scripts(name, other_reference, tmp_path):
+def test_preemption_other_scripts(name, other_reference, tmp_path, tmp_path_factory):
     """SIGTERM to one worker: every rank stops at the same step, rank 0 saves, exit 75; the same command
     then finishes bit-identical to an uninterrupted run."""
     ref = other_reference(name)
     out = tmp_path / "stopped"
-    proc = popen(torchrun_cmd(*other_script_cmd(name, tmp_path, out)))
+    proc = popen(torchrun_cmd(*other_script_cmd(name, tmp_path_factory, out)))
     wait_for_step(out, 4, proc)
     os.kill(descendants_with_rank(proc.pid, 1)[0], signal.SIGTERM)
     log, _ = proc.communicate(timeout=120)
     assert proc.returncode != 0 and "(exit 75)" in log, log[-3000:]
     assert 4 <= torch.load(out / "last.pt", weights_only=True)["step"] < ref["step"]
-    run(torchrun_cmd(*other_script_cmd(name, tmp_path, out)))
+    run(torchrun_cmd(*other_script_cmd(name, tmp_path_factory, out)))
     got = torch.load(out / "last.pt", weights_only=True)
     assert got["step"] == ref["step"]
     for k, v in ref["model"].items():

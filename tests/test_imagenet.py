@@ -101,17 +101,16 @@ def test_checkpoint_from_mp_spawn_resumes_under_torchrun_exactly(runs):
     assert records(a, "val")[-1] == {**records(b, "val")[-1], "time": records(a, "val")[-1]["time"]}
 
 
-def test_exact_eval_identical_for_world_sizes_1_2_3(runs, data, tmp_path):
-    """-e --resume CKPT on 1 process (python) and 3 (mp.spawn) equals the 2-process (torchrun) eval of
-    the same weights at the end of training: each of the 25 images counted once, same numbers."""
+def test_exact_eval_identical_for_world_sizes_1_2_3(runs, data, m, tmp_path, monkeypatch):
+    """-e --resume CKPT on 1 process (the script's entry point in this process) and 3 (mp.spawn) equals the
+    2-process (torchrun) eval of the same weights at the end of training: each of the 25 images counted once, same
+    numbers."""
     last = runs["b"] / "last.pt"
-    cmds = [
-        [PY, SCRIPT, str(data), *TINY, "-e", "--resume", str(last), "--output-dir", str(tmp_path / "w1")],
-        [PY, SCRIPT, str(data), *TINY, "-e", "--resume", str(last), "--output-dir", str(tmp_path / "w3")]
-        + ["--multiprocessing-distributed", "--nproc-per-node", "3", "--dist-url", f"tcp://127.0.0.1:{free_port()}"],
-    ]
-    for p in run_parallel(cmds):
-        assert p.returncode == 0, p.err[-3000:]
+    evaluate = [SCRIPT, str(data), *TINY, "-e", "--resume", str(last), "--output-dir"]
+    run([PY, *evaluate, str(tmp_path / "w3"), "--multiprocessing-distributed", "--nproc-per-node", "3",
+         "--dist-url", f"tcp://127.0.0.1:{free_port()}"])  # fmt: skip
+    monkeypatch.setattr(sys, "argv", [*evaluate, str(tmp_path / "w1")])
+    m.cli()
     ref = records(runs["b"], "val")[-1]
     for w in ("w1", "w3"):
         (r,) = records(tmp_path / w, "val")
@@ -239,29 +238,25 @@ def test_bad_inputs_in_process(m, data, tmp_path, monkeypatch, capsys):
         "--resume nope.pt: no such file": (data, "--resume", "nope.pt"),
         "--pretrained: cannot download": ("--dummy", "--pretrained", "-a", "resnet18", "-e"),
         "global batch 256 is larger than the 37": (data, "-a", "resnet18"),
+        "unknown --arch 'resnet9000' (did you mean": (data, "-a", "resnet9000"),
         f"unreadable image {bad / 'train' / 'class0' / '00002.jpg'} (not an image": (bad, *TINY, "-j", "0"),
     }
     for want, argv in cases.items():
         assert want in cli_error(m, monkeypatch, capsys, *argv, *out)
 
 
-def test_bad_inputs_from_the_command_line(data, tmp_path):
+def test_bad_inputs_from_the_command_line(tmp_path):
     """Exit code 2 and one `error:` line, no traceback, also when one worker of a distributed run finds a
     corrupt JPEG (the other rank must neither hang nor add a traceback)."""
     bad = make_jpeg_imagefolder(tmp_path / "bad", {"train": 8, "val": 5}, classes=2, size=35)
     corrupt = bad / "train" / "class1" / "00003.jpg"
     corrupt.write_bytes(b"not a jpeg")
     spawn2 = ["-b", "2", "--multiprocessing-distributed", "--nproc-per-node", "2"]
-    cases = [
-        ("unknown --arch 'resnet9000' (did you mean", [str(data), "-a", "resnet9000"]),
-        (f"unreadable image {corrupt}", [str(bad), *TINY, *spawn2]),
-    ]
-    cmds = [[PY, SCRIPT, *a, "--output-dir", str(tmp_path / f"out{i}")] for i, (_, a) in enumerate(cases)]
-    for (want, a), p in zip(cases, run_parallel(cmds)):
-        errors = [ln for ln in p.err.splitlines() if ln.startswith("error:")]
-        assert p.returncode == 2, (a, p.returncode, p.err[-2000:])
-        assert len(errors) == 1 and want in errors[0], (a, p.err[-2000:])
-        assert "Traceback" not in p.err, (a, p.err[-2000:])
+    p = run([PY, SCRIPT, str(bad), *TINY, *spawn2, "--output-dir", str(tmp_path / "out")], check=False)
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    assert len(errors) == 1 and f"unreadable image {corrupt}" in errors[0], p.stderr[-2000:]
+    assert "Traceback" not in p.stderr, p.stderr[-2000:]
 
 
 def test_skip_bad_images_counts_and_reports(tmp_path):
@@ -303,7 +298,7 @@ def test_start_epoch_starts_the_schedule_there(m, tmp_path, monkeypatch):
     assert ckpt(out / "last.pt")["epoch"] == 31
 
 
-def test_device_decode_path_trains_and_evaluates_like_the_pillow_path(data, tmp_path):
+def test_device_decode_path_trains_and_evaluates_like_the_pillow_path(data, m, tmp_path, monkeypatch):
     """--gpu-decode (torchvision.io decode + device-side crop/flip/normalize; on CPU here) under torchrun:
     trains, evaluates every val image once, and its val metrics on the same checkpoint match the Pillow
     path closely (same crops; only the resize kernels differ)."""
@@ -312,6 +307,8 @@ def test_device_decode_path_trains_and_evaluates_like_the_pillow_path(data, tmp_
     assert ckpt(out / "last.pt")["step"] > 0
     (dev,) = records(out, "val")
     assert dev["count"] == N_VAL
-    run([PY, SCRIPT, str(data), *TINY, "-e", "--resume", str(out / "last.pt"), "--output-dir", str(tmp_path / "pil")])
+    argv = [SCRIPT, str(data), *TINY, "-e", "--resume", str(out / "last.pt"), "--output-dir", str(tmp_path / "pil")]
+    monkeypatch.setattr(sys, "argv", argv)  # the Pillow path's evaluation, in this process
+    m.cli()
     (pil,) = records(tmp_path / "pil", "val")
     assert pil["count"] == N_VAL and abs(pil["loss"] - dev["loss"]) < 0.05 * max(1.0, pil["loss"]), (pil, dev)

@@ -10,7 +10,16 @@ import sys
 
 import pytest
 import torch
-from conftest import PY, REPO, run, torchrun
+from conftest import (
+    PY,
+    REPO,
+    run,
+    run_parallel,
+    torchrun,
+    transformer_corpus,
+    transformer_ddp_cmd,
+    transformer_reference,
+)
 
 sys.path.insert(0, str(REPO))
 pytest.importorskip("tokenizers")
@@ -401,19 +410,13 @@ def test_tiny_model_learns_synthetic_translation(tmp_path):
 
 @pytest.fixture(scope="module")
 def ddp_runs(tmp_path_factory):
-    """A local de->en corpus (.gz and plain files), trained by 2 gloo processes: uninterrupted to step 18,
-    and in two legs (to step 5, mid-epoch, then the same command to 18, past an epoch end)."""
-    tmp = tmp_path_factory.mktemp("ddp")
-    splits = synthetic_corpus(1, (400, 30, 21))
-    data = write_corpus(tmp / "corpus", splits)
-    common = [TRAIN, "--data", data, "--lang-src", "de", "--lang-tgt", "en", "--preset", "tiny", "--dropout", "0.1",
-              "--vocab-size", "200", "--max-tokens", "256", "--accum-steps", "2", "--epochs", "3", "--lr", "1e-3",
-              "--warmup-steps", "5", "-j", "1", "-p", "2", "--save-every-steps", "3"]  # fmt: skip
-    full, legs = tmp / "full", tmp / "legs"
-    torchrun(2, *common, "--max-steps", "18", "--output-dir", full, timeout=180)
-    torchrun(2, *common, "--max-steps", "5", "--output-dir", legs, timeout=180)
-    resumed = torchrun(2, *common, "--max-steps", "18", "--output-dir", legs, timeout=180)
-    return dict(full=full, legs=legs, splits=splits, resumed=resumed)
+    """A local de->en corpus (.gz and plain files), trained by 2 gloo processes: uninterrupted to step 18 (shared
+    with test_fault.py), and in two legs (to step 5, mid-epoch, then the same command to 18, past an epoch end)."""
+    full, data = transformer_reference(tmp_path_factory), transformer_corpus(tmp_path_factory)
+    legs = tmp_path_factory.mktemp("legs")
+    torchrun(2, *transformer_ddp_cmd(data, legs, "--max-steps", "5"), timeout=180)
+    resumed = torchrun(2, *transformer_ddp_cmd(data, legs), timeout=180)
+    return dict(full=full, legs=legs, splits=synthetic_corpus(1, (400, 30, 21)), resumed=resumed)
 
 
 @pytest.mark.slow
@@ -459,15 +462,30 @@ def test_resume_continues_identically(ddp_runs):
     assert all(torch.equal(sa[i]["exp_avg_sq"], sb[i]["exp_avg_sq"]) for i in sa)
 
 
+# the synthetic pair, 2 eager processes with gradient accumulation: the reference of the next two tests
+DDP_ARGS = [TRAIN, "--synthetic", "--preset", "tiny", "--pack-len", "128", "--max-steps", "3", "-p", "2",
+            "--accum-steps", "2", "-j", "0", "--lr", "1e-3", "--warmup-steps", "2", "--resume", "none"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def eager_ddp(tmp_path_factory):
+    out = tmp_path_factory.mktemp("eager")
+    torchrun(2, *DDP_ARGS, "--max-tokens", "512", "--eval-every", "1000", "--output-dir", out, timeout=180)
+    return out
+
+
+def all_records(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
 @pytest.mark.slow
-def test_two_processes_equal_one_with_twice_the_rows(tmp_path):
-    """DDP: 2 processes of 2 rows each train the same parameters as 1 process of 4 rows, since both deal the same
-    rows to each step (dropout 0: its masks are seeded per rank)."""
-    args = [TRAIN, "--synthetic", "--preset", "tiny", "--pack-len", "64", "--max-steps", "3", "--eval-every", "0",
-            "-j", "0", "--lr", "1e-3", "--warmup-steps", "2", "--resume", "none"]  # fmt: skip
-    torchrun(2, *args, "--max-tokens", "128", "--output-dir", tmp_path / "two", timeout=180)
-    run([PY, *args, "--max-tokens", "256", "--output-dir", tmp_path / "one"], timeout=180)
-    two, one = (torch.load(tmp_path / d / "last.pt", weights_only=True)["model"] for d in ("two", "one"))
+def test_two_processes_equal_one_with_twice_the_micro_batches(eager_ddp, tmp_path):
+    """DDP: 2 processes of 2 micro-batches a step train the same parameters as 1 process of 4, since both deal the
+    same rows to each micro-batch and each step (dropout 0: its masks are seeded per rank). Same micro-batches: only
+    the order of the gradient sums differs, which Adam amplifies where a gradient is about 0."""
+    one = [*DDP_ARGS, "--accum-steps", "4", "--max-tokens", "512", "--eval-every", "0", "--output-dir", tmp_path]
+    run([PY, *one], timeout=180)
+    two, one = (torch.load(d / "last.pt", weights_only=True)["model"] for d in (eager_ddp, tmp_path))
     start = Transformer(ModelConfig(vocab_size=two["embed.weight"].shape[0], **PRESETS["tiny"])).state_dict()
     assert not torch.allclose(two["embed.weight"], start["embed.weight"])  # it trained
     for k in two:  # the key bias cannot change attention, so its exact gradient is 0 and Adam amplifies rounding noise
@@ -476,43 +494,53 @@ def test_two_processes_equal_one_with_twice_the_rows(tmp_path):
 
 
 @pytest.mark.slow
-def test_compiled_model_and_loss_train_like_eager_under_ddp(tmp_path):
+def test_compiled_model_and_loss_train_like_eager_under_ddp(eager_ddp, tmp_path):
     """--compile compiles each layer and the loss (dynamic shapes) inside the DDP model; with 2 processes and
     gradient accumulation (no_sync on the first micro-batch) the logged losses match the eager run's. The compiled
     run also takes --eval-every 0: no evaluation, no best.pt."""
-    args = [TRAIN, "--synthetic", "--preset", "tiny", "--max-tokens", "512", "--pack-len", "128", "--max-steps", "4",
-            "-p", "2", "--accum-steps", "2", "--eval-every", "1000", "-j", "0", "--resume", "none"]  # fmt: skip
-    losses = {}
-    splits = {}
-    for name, extra in (("eager", []), ("compiled", ["--compile", "--eval-every", "0"])):
-        torchrun(2, *args, *extra, "--output-dir", tmp_path / name, timeout=300)
-        recs = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-        losses[name] = [r["loss"] for r in recs if r["split"] == "train"]
-        splits[name] = {r["split"] for r in recs}
+    torchrun(
+        2, *DDP_ARGS, "--max-tokens", "512", "--compile", "--eval-every", "0", "--output-dir", tmp_path, timeout=300
+    )
+    losses, splits = {}, {}
+    for name, out in (("eager", eager_ddp), ("compiled", tmp_path)):
+        losses[name] = [r["loss"] for r in all_records(out) if r["split"] == "train"]
+        splits[name] = {r["split"] for r in all_records(out)}
     assert len(losses["eager"]) == 2 and losses["eager"] == pytest.approx(losses["compiled"], rel=1e-4), losses
     assert splits == {"eager": {"train", "val", "test"}, "compiled": {"train"}}, splits
-    assert (tmp_path / "eager" / "best.pt").exists() and not (tmp_path / "compiled" / "best.pt").exists()
+    assert (eager_ddp / "best.pt").exists() and not (tmp_path / "best.pt").exists()
 
 
 # ------------------------------------------------------------------ user errors
 
 
-def one_error_line(p):
-    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
-    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in p.stderr, p.stderr
+def one_error_line(code, stderr):
+    assert code == 2, (code, stderr[-2000:])
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in stderr, stderr
     return lines[0]
 
 
-def test_bad_inputs_are_one_line_errors(tmp_path):
-    base = [PY, TRAIN, "--output-dir", tmp_path / "out", "-j", "0"]
-    msg = one_error_line(run([*base, "--data", tmp_path / "nope"], check=False))
-    assert "no such directory" in msg
+def test_bad_inputs_are_one_line_errors(tmp_path, monkeypatch, capsys):
+    """Two mistakes from the command line (one of them translate.py's), two more through train.py's own entry point
+    in this process: the same run_cli prints them, without a torch import per case."""
+    base = [TRAIN, "--output-dir", tmp_path / "out", "-j", "0"]
     data = write_corpus(tmp_path / "c", {"train": synthetic_corpus(0, (20, 0, 0))["train"]})
-    msg = one_error_line(run([*base, "--data", data, "--lang-src", "fr", "--lang-tgt", "en"], check=False))
-    assert "languages found: de, en" in msg
-    if importlib.util.find_spec("datasets") is not None:  # the Hub, offline: a hint, not a traceback
-        p = run([*base, "--data", "opus_books"], env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}, check=False)
-        assert "HF_DATASETS_OFFLINE" in one_error_line(p)
+    spec = importlib.util.spec_from_file_location("transformer_train", TRAIN)
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    for argv, want in (
+        ([*base, "--data", tmp_path / "nope"], "no such directory"),
+        ([*base, "--data", data, "--lang-src", "fr", "--lang-tgt", "en"], "languages found: de, en"),
+    ):
+        monkeypatch.setattr(sys, "argv", list(map(str, argv)))
+        with pytest.raises(SystemExit) as e:
+            train.run_cli(train.cli)
+        assert want in one_error_line(e.value.code, capsys.readouterr().err)
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
-    one_error_line(run([PY, TRANSLATE, "--checkpoint", tmp_path / "junk.pt", "hallo"], check=False))
+    cmds = [[PY, TRANSLATE, "--checkpoint", tmp_path / "junk.pt", "hallo"]]
+    if importlib.util.find_spec("datasets") is not None:  # the Hub, offline: a hint, not a traceback
+        cmds.append([PY, *base, "--data", "opus_books"])
+    procs = run_parallel([list(map(str, c)) for c in cmds], env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    one_error_line(procs[0].returncode, procs[0].err)
+    if len(procs) > 1:
+        assert "HF_DATASETS_OFFLINE" in one_error_line(procs[1].returncode, procs[1].err)
