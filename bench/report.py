@@ -96,6 +96,12 @@ def eff(f, many: str, one: str, n: int) -> float:
     return 100 * f[many] / (n * f[one])
 
 
+def span(values) -> str:
+    """'lo–hi' of some seconds, rounded."""
+    v = sorted(values)
+    return f"{v[0]:.0f}–{v[-1]:.0f}"
+
+
 def per(keys, name: str, read) -> dict:
     """One figure per key: ``name.format(key)`` is ``read(key)``."""
     return {name.format(k): (lambda f, k=k: read(k)) for k in keys}
@@ -142,7 +148,7 @@ PK_STEP = "bare step base, packed 64x1024 rows, 63775 real target tokens, bf16, 
 CB = "cifar_script_bare_1xh200.json"
 ABL = "cifar_step_ablation_4xh200host.log"
 CIFAR_PARTS = ("start", "data", "compile", "train", "eval", "checkpoint", "wall")
-CIFAR_FULL18 = ("nographs_seed0", "nographs_seed1", "seed2")
+CIFAR_FULL18 = ("seed0", "seed1", "seed2")
 CIFAR_BENCH = {
     "bare": "bare step resnet18, b 512, bf16+cl+compile, resident data",
     "script": "cifar_resnet/train.py resnet18 --gpu-data",
@@ -235,18 +241,27 @@ FIGURES = {
     **per(CIFAR_FULL18, "full18_{}_compile", lambda n: timing(f"cifar_r18_full_{n}_1xh200.jsonl", "compile")),
     "full18_mean": lambda f: statistics.mean(f[f"full18_{n}"] for n in CIFAR_FULL18),
     "full18_std": lambda f: statistics.stdev(f[f"full18_{n}"] for n in CIFAR_FULL18),
+    **per((0, 1), "full18ng_{}", lambda s: last_val(f"cifar_r18_full_nographs_seed{s}_1xh200.jsonl", "acc1")),
     **per(range(3), "r50a_{}", lambda s: last_val(f"cifar_r50_full_e100_nographs_seed{s}_1xh200.jsonl", "acc1")),
     **per(range(3), "r50a_{}_s", lambda s: timing(f"cifar_r50_full_e100_nographs_seed{s}_1xh200.jsonl", "wall")),
     "r50a_mean": lambda f: statistics.mean(f[f"r50a_{s}"] for s in range(3)),
     "r50a_std": lambda f: statistics.stdev(f[f"r50a_{s}"] for s in range(3)),
-    **per((170, 180, 190), "r50_0_{}", lambda e: val("cifar_r50_full_seed0_1xh200.jsonl", "acc1", e)),
-    "r50ng_0_170": lambda f: val("cifar_r50_full_nographs_seed0_1xh200.jsonl", "acc1", 170),
-    "r50ng_1_170": lambda f: val("cifar_r50_full_nographs_seed1_1xh200.jsonl", "acc1", 170),
+    **per(range(3), "r50_{}", lambda s: last_val(f"cifar_r50_full_seed{s}_1xh200.jsonl", "acc1")),
+    **per(range(3), "r50_{}_s", lambda s: timing(f"cifar_r50_full_seed{s}_1xh200.jsonl", "wall")),
+    "r50_train": lambda f: span(timing(f"cifar_r50_full_seed{s}_1xh200.jsonl", "train") for s in range(3)),
+    "r50_compile": lambda f: span(timing(f"cifar_r50_full_seed{s}_1xh200.jsonl", "compile") for s in range(3)),
+    "r50_wall": lambda f: span(timing(f"cifar_r50_full_seed{s}_1xh200.jsonl", "wall") for s in range(3)),
+    "r50_data": lambda f: span(timing(f"cifar_r50_full_seed{s}_1xh200.jsonl", "data") for s in range(3)),
+    "r50_ckpt": lambda f: span(timing(f"cifar_r50_full_seed{s}_1xh200.jsonl", "checkpoint") for s in range(3)),
+    "r50_mean": lambda f: statistics.mean(f[f"r50_{s}"] for s in range(3)),
+    "r50_std": lambda f: statistics.stdev(f[f"r50_{s}"] for s in range(3)),
     "r50_ips": lambda f: median("cifar_r50_full_seed0_1xh200.jsonl", "img_per_s", 1),
-    "r50ng_ips": lambda f: median("cifar_r50_full_nographs_seed0_1xh200.jsonl", "img_per_s", 1),
-    "r50_steps_left": lambda f: 17400 - f["r50_steps"],
-    "r50_train_min": lambda f: 200 * 45000 / f["r50_ips"] / 60,
-    "r50_steps": lambda f: grab("cifar_r50_full_seed0_1xh200.log", r"stopped by SIGTERM at step (\d+)"),
+    "r50x2": lambda f: last_val("cifar_r50_full_seed0_2xh200.jsonl", "acc1"),
+    "r50x2_s": lambda f: timing("cifar_r50_full_seed0_2xh200.jsonl", "wall"),
+    "r50x2_train": lambda f: timing("cifar_r50_full_seed0_2xh200.jsonl", "train"),
+    "r50x2_ips": lambda f: median("cifar_r50_full_seed0_2xh200.jsonl", "img_per_s", 1),
+    "r50x2_diff": lambda f: f["r50x2"] - f["r50_0"],
+    "r50x2_speedup": lambda f: f["r50x2_ips"] / f["r50_ips"],
     # CIFAR-10: the script against a bare loop of the same model (bench/benchmark.py --only cifar), same GPU
     **per(CIFAR_BENCH, "cb_{}", lambda k: row(CB, CIFAR_BENCH[k], "img_per_s")),
     "cb_script_pct": lambda f: 100 * f["cb_script"] / f["cb_bare"],
@@ -366,7 +381,8 @@ BLOCKS = {
 | task | command (exact one in BENCHMARKS.md) | hardware | wall | result |
 |---|---|---|---|---|
 | CIFAR-10 ResNet-18, fast recipe (80 epochs), 5,000 held-out JPEGs | `cifar_resnet/train.py --gpu-data --compile --compile-mode reduce-overhead -b 512 --lr 0.4 --tta --epochs 80` | 1× H200 | {fast_0_s:.0f}–{fast_2_s:.0f} s | val top-1 **{fast_mean:.2f} ± {fast_std:.2f}%** (3 seeds) |
-| CIFAR-10 ResNet-18, full recipe (200 epochs, random erasing, weight EMA) | the same with `--epochs 200 --random-erasing 0.5 --ema 0.999` | 1× H200 | {full18_seed2_s:.0f} s | val top-1 **{full18_mean:.2f} ± {full18_std:.2f}%** (3 seeds) |
+| CIFAR-10 ResNet-18, full recipe (200 epochs, random erasing, weight EMA) | the same with `--epochs 200 --random-erasing 0.5 --ema 0.999` | 1× H200 | {full18_seed2_s:.0f}–{full18_seed1_s:.0f} s | val top-1 **{full18_mean:.2f} ± {full18_std:.2f}%** (3 seeds) |
+| CIFAR-10 ResNet-50, full recipe (200 epochs) | the same with `-a resnet50 --eval-every 10` | 1× H200 | {r50_wall} s, cold caches | val top-1 **{r50_mean:.2f} ± {r50_std:.2f}%** (3 seeds); on 2 GPUs, global batch 512: {r50x2:.2f}% (1 seed) |
 | the fast recipe without `--compile-mode`, global batch 512 | `torchrun --nproc_per_node=2 ... -b 256` | 2× H100 | {c2_2_s:.0f}–{c2_0_s:.0f} s | val top-1 **{c2_mean:.2f} ± {c2_std:.2f}%** (3 seeds) |
 | the same, global batch 512 | `torchrun --nproc_per_node=4 ... -b 128` | 4× H100 | {c4_s:.0f} s | val top-1 {c4:.2f}% (1 seed) |
 | `imagenet/train.py` on the CIFAR JPEGs as an ImageFolder, 64 px | `imagenet/train.py DIR -a resnet18 --recipe modern --epochs 10 ...` | 1× H200 | {if_s:.0f} s | val top-1 {if_acc:.2f}% (1 seed) |
@@ -473,26 +489,30 @@ hosts and every run's console: [[console_cifar_recipes_h200.log]].
 | recipe | command | hardware | seed: val top-1 (wall) | mean ± std |
 |---|---|---|---|---|
 | fast ResNet-18 | `python $C --lr 0.4 --epochs 80 --eval-every 10 --compile-mode reduce-overhead` | {H200} | 0: {fast_0:.2f} ({fast_0_s:.1f} s), 1: {fast_1:.2f} ({fast_1_s:.1f} s), 2: {fast_2:.2f} ({fast_2_s:.1f} s) ([[cifar_r18_fast_seed0_1xh200.log]], [[cifar_r18_fast_seed1_1xh200.log]], [[cifar_r18_fast_seed2_1xh200.log]]) | **{fast_mean:.2f} ± {fast_std:.2f}** |
-| full ResNet-18 | `python $C --lr 0.4 --epochs 200 --random-erasing 0.5 --ema 0.999 --eval-every 20 --compile-mode reduce-overhead` | seed 2: {H200}; seeds 0 and 1 without `--compile-mode`, one H200 each of a 4-GPU host (64 CPU cores) | 0: {full18_nographs_seed0:.2f} ({full18_nographs_seed0_s:.0f} s), 1: {full18_nographs_seed1:.2f} ({full18_nographs_seed1_s:.0f} s), 2: {full18_seed2:.2f} ({full18_seed2_s:.1f} s) ([[cifar_r18_full_nographs_seed0_1xh200.log]], [[cifar_r18_full_nographs_seed1_1xh200.log]], [[cifar_r18_full_seed2_1xh200.log]]) | **{full18_mean:.2f} ± {full18_std:.2f}** |
-| full ResNet-50 | `python $C -a resnet50 --lr 0.4 --epochs 200 --random-erasing 0.5 --ema 0.999 --eval-every 10 --compile-mode reduce-overhead` | {H200} | 0: {r50_0_190:.2f} at epoch 190; the run stopped at step {r50_steps:,.0f} of 17,400 ([[cifar_r50_full_seed0_1xh200.log]]) | not measured |
-| the same, 100 epochs, without `--compile-mode` | `python $C -a resnet50 --lr 0.4 --epochs 100 --random-erasing 0.5 --ema 0.999 --eval-every 10` | one H200 each of a 4-GPU host (64 CPU cores) | 0: {r50a_0:.2f} ({r50a_0_s:.0f} s), 1: {r50a_1:.2f} ({r50a_1_s:.0f} s), 2: {r50a_2:.2f} ({r50a_2_s:.0f} s) ([[cifar_r50_full_e100_nographs_seed0_1xh200.log]], [[cifar_r50_full_e100_nographs_seed1_1xh200.log]], [[cifar_r50_full_e100_nographs_seed2_1xh200.log]]) | {r50a_mean:.2f} ± {r50a_std:.2f} |
+| full ResNet-18 | `python $C --lr 0.4 --epochs 200 --random-erasing 0.5 --ema 0.999 --eval-every 20 --compile-mode reduce-overhead` | seed 2: {H200}; seeds 0 and 1: one H200 of a 4-GPU host (64 CPU cores) | 0: {full18_seed0:.2f} ({full18_seed0_s:.0f} s, the host's first run), 1: {full18_seed1:.2f} ({full18_seed1_s:.0f} s), 2: {full18_seed2:.2f} ({full18_seed2_s:.0f} s) ([[cifar_r18_full_seed0_1xh200.log]], [[cifar_r18_full_seed1_1xh200.log]], [[cifar_r18_full_seed2_1xh200.log]]) | **{full18_mean:.2f} ± {full18_std:.2f}** |
+| full ResNet-50 | `python $C -a resnet50 --lr 0.4 --epochs 200 --random-erasing 0.5 --ema 0.999 --eval-every 10 --compile-mode reduce-overhead` | one H200 each of a 4-GPU host (64 CPU cores), the three seeds at once | 0: {r50_0:.2f} ({r50_0_s:.0f} s), 1: {r50_1:.2f} ({r50_1_s:.0f} s), 2: {r50_2:.2f} ({r50_2_s:.0f} s) ([[cifar_r50_full_seed0_1xh200.log]], [[cifar_r50_full_seed1_1xh200.log]], [[cifar_r50_full_seed2_1xh200.log]]) | **{r50_mean:.2f} ± {r50_std:.2f}** |
+| full ResNet-50 on 2 GPUs, global batch 512 | `torchrun --standalone --nproc_per_node=2 $C -a resnet50 --lr 0.4 --epochs 200 --random-erasing 0.5 --ema 0.999 --eval-every 10 --compile-mode reduce-overhead -b 256` | 2 H200s of a 4-GPU host (64 CPU cores) | 0: {r50x2:.2f} ({r50x2_s:.0f} s) ([[cifar_r50_full_seed0_2xh200.log]]) | {r50x2_diff:+.2f} against seed 0 on 1 GPU |
+| full ResNet-50, 100 epochs, without `--compile-mode` | `python $C -a resnet50 --lr 0.4 --epochs 100 --random-erasing 0.5 --ema 0.999 --eval-every 10` | one H200 each of a 4-GPU host (64 CPU cores) | 0: {r50a_0:.2f} ({r50a_0_s:.0f} s), 1: {r50a_1:.2f} ({r50a_1_s:.0f} s), 2: {r50a_2:.2f} ({r50a_2_s:.0f} s) ([[cifar_r50_full_e100_nographs_seed0_1xh200.log]], [[cifar_r50_full_e100_nographs_seed1_1xh200.log]], [[cifar_r50_full_e100_nographs_seed2_1xh200.log]]) | {r50a_mean:.2f} ± {r50a_std:.2f} |
 
-- **CUDA graphs change the speed, not the result.** The fast recipe without `--compile-mode` on the 4-GPU host gave
-  the same three accuracies, {fastng_0:.2f}, {fastng_1:.2f} and {fastng_2:.2f}, in {fastng_0_s:.0f}–{fastng_2_s:.0f} s
-  ([[cifar_r18_fast_nographs_seed0_1xh200.log]] and seeds 1, 2). ResNet-50 seed 0 evaluated {r50ng_0_170:.2f}% at
-  epoch 170 both with CUDA graphs and without ([[cifar_r50_full_nographs_seed0_1xh200.log]]); without them it trained
-  at {r50ng_ips:,.0f} img/s on the shared host against {r50_ips:,.0f} with them on its own.
+- **CUDA graphs change the speed, not the result.** The fast recipe without `--compile-mode` on another 4-GPU host
+  gave the same three accuracies, {fastng_0:.2f}, {fastng_1:.2f} and {fastng_2:.2f}, in {fastng_0_s:.0f}–{fastng_2_s:.0f} s
+  ([[cifar_r18_fast_nographs_seed0_1xh200.log]] and seeds 1, 2), and the full ResNet-18 recipe without it gave
+  {full18ng_0:.2f} and {full18ng_1:.2f} for seeds 0 and 1 ([[cifar_r18_full_nographs_seed0_1xh200.log]],
+  [[cifar_r18_full_nographs_seed1_1xh200.log]]).
 - **Wall time of the fast recipe, seed 0:** start {fast0_start:.1f} s, data {fast0_data:.1f} s, compile
   {fast0_compile:.1f} s, train {fast0_train:.1f} s, eval {fast0_eval:.1f} s, checkpoint {fast0_checkpoint:.1f} s. The
   data and compile parts are those of a second run on the machine: the decode cache and torch.compile's cache were
-  there. A first run adds the JPEG decode ({full18_nographs_seed0_data:.0f} s for full ResNet-18 seed 0, four
-  processes decoding at once on the 4-GPU host) and a cold compile ({full18_nographs_seed0_compile:.0f} s there).
-- **Full ResNet-50 is not finished:** seed 0 with CUDA graphs reached {r50_0_170:.2f}, {r50_0_180:.2f} and
-  {r50_0_190:.2f}% at epochs 170, 180 and 190, and was stopped {r50_steps_left:.0f} steps before the end by the run's
-  time limit; seed 1 without CUDA graphs reached {r50ng_1_170:.2f}% at epoch 170 before its limit
-  ([[cifar_r50_full_nographs_seed1_1xh200.log]]). At {r50_ips:,.0f} img/s, 200 epochs take about
-  {r50_train_min:.1f} minutes of training on one H200. The 100-epoch schedule stops at {r50a_mean:.2f}%: ResNet-50
-  needs the longer one.
+  there. A first run adds the JPEG decode ({full18_seed0_data:.0f} s for full ResNet-18 seed 0, beside a 2-GPU
+  run decoding on the same host) and a cold compile ({full18_seed0_compile:.0f} s there).
+- **Full ResNet-50 fits 10 minutes from a cold start:** each of the three runs decoded the JPEGs
+  ({r50_data} s) and compiled from an empty cache ({r50_compile} s), then trained for
+  {r50_train} s at {r50_ips:,.0f} img/s; the rest is checkpoints ({r50_ckpt} s: three runs
+  writing 200 checkpoints each to one disk) and evaluation. The 100-epoch schedule stops at {r50a_mean:.2f}%:
+  ResNet-50 needs the longer one.
+- **ResNet-50 on 2 GPUs** keeps the global batch (`-b 256` per GPU) and the accuracy ({r50x2:.2f}% against
+  {r50_0:.2f}% for the same seed on one GPU), with CUDA graphs under DDP. It is only {r50x2_speedup:.2f}× faster
+  ({r50x2_ips:,.0f} img/s, {r50x2_train:.0f} s of training): a step of 256 images of 32 px is too short to hide the
+  gradient all-reduce, as for ResNet-18 in [Several GPUs](cifar_resnet/README.md#several-gpus).
 """,
     "cifar-speed": """\
 `python bench/benchmark.py --only cifar --cifar-archs resnet18 --cifar-dir /tmp/c` on {H200}: a bare loop of the

@@ -108,7 +108,7 @@ jpeg-scaling)
 cifar)
   cifar_data
   C=(cifar_resnet/train.py --data-dir /tmp/c --val-split 5000 --gpu-data --compile -b 512 -j 16 --tta -p 1000)
-  G=(--compile-mode reduce-overhead)                                                 # CUDA graphs, 1 GPU
+  G=(--compile-mode reduce-overhead)                                                 # CUDA graphs
   FAST=(--lr 0.4 --epochs 80 --eval-every 10)                                       # fast ResNet-18
   R18=(--lr 0.4 --epochs 200 --random-erasing 0.5 --ema 0.999 --eval-every 20)     # full ResNet-18
   R50=(-a resnet50 --lr 0.4 --epochs 200 --random-erasing 0.5 --ema 0.999 --eval-every 10) # full ResNet-50
@@ -130,7 +130,7 @@ cifar)
   wait
   if [ "$gpus" -ge 2 ]; then # ResNet-50 on 2 GPUs, the global batch unchanged
     for ((s = 0; s < seeds; s++)); do
-      launch 2 "${C[@]}" "${R50[@]}" -b 256 --seed "$s" --output-dir "/tmp/cr50_2_$s" &&
+      launch 2 "${C[@]}" "${G[@]}" "${R50[@]}" -b 256 --seed "$s" --output-dir "/tmp/cr50_2_$s" &&
         keep "/tmp/cr50_2_$s" "cifar_r50_full_seed${s}_2x"
     done
   fi
