@@ -96,6 +96,28 @@ def eff(f, many: str, one: str, n: int) -> float:
     return 100 * f[many] / (n * f[one])
 
 
+HWQ = {
+    "resident": "resident ms, training on default",
+    "tv_idle": "torchvision: transform host ms, idle, matmuls on default",
+    "tv_busy": "torchvision: transform host ms, busy, matmuls on default",
+    "tv_busy_nb": "torchvision: transform host ms, busy, matmuls on nonblocking",
+    "nv_idle": "nvimgcodec: transform host ms, idle, matmuls on default",
+    "nv_busy": "nvimgcodec: transform host ms, busy, matmuls on default",
+    "nv_busy_nb": "nvimgcodec: transform host ms, busy, matmuls on nonblocking",
+    "tv_fed": "torchvision: fed ms/step, training on default, 1 thread(s)",
+    "tv_fed_nb": "torchvision: fed ms/step, training on nonblocking, 1 thread(s)",
+    "nv_fed1": "nvimgcodec: fed ms/step, training on default, 1 thread(s)",
+    "nv_fed": "nvimgcodec: fed ms/step, training on default, 2 thread(s)",
+}
+
+
+def hwqueues(q: int) -> dict:
+    """The FINAL record of the jpeg_decode_hwqueues run with CUDA_DEVICE_MAX_CONNECTIONS=q."""
+    text = (RUNS / "jpeg_decode_hwqueues_4xh200host.log").read_text()
+    part = text.split(f"CUDA_DEVICE_MAX_CONNECTIONS {q}\n")[1]
+    return json.loads(part.split("FINAL ")[1].splitlines()[0])
+
+
 def span(values) -> str:
     """'lo–hi' of some seconds, rounded."""
     v = sorted(values)
@@ -224,6 +246,10 @@ FIGURES = {
     "j200_tv_last": lambda f: records("jpeg_r50_torchvision_40k_1xh200.jsonl")[-1]["img_per_s"],
     **per((1, 2), "jsc_{}", lambda n: median(f"jpeg_gpu_decode_{n}xh200.jsonl", "img_per_s")),
     "jsc_2_eff": lambda f: eff(f, "jsc_2", "jsc_1", 2),
+    # one GpuTransform call behind queued kernels, with 8 and 32 hardware queues (jpeg_decode_hwqueues_4xh200host.log)
+    **per(HWQ, "hq8_{}", lambda k: hwqueues(8)[HWQ[k]]),
+    **per(HWQ, "hq32_{}", lambda k: hwqueues(32)[HWQ[k]]),
+    "hq8_tv_fed_gap": lambda f: f["hq8_tv_fed"] - f["hq8_resident"],
     # CIFAR-10 recipes (console_cifar_recipes_h200.log): fast and full ResNet-18, full ResNet-50
     **per(range(3), "fast_{}", lambda s: last_val(f"cifar_r18_fast_seed{s}_1xh200.jsonl", "acc1")),
     **per(range(3), "fast_{}_s", lambda s: timing(f"cifar_r18_fast_seed{s}_1xh200.jsonl", "wall")),
@@ -262,9 +288,11 @@ FIGURES = {
     "r50x2_std": lambda f: statistics.stdev(f[f"r50x2_{s}"] for s in range(3)),
     "r50x2_train": lambda f: span(timing(f"cifar_r50_full_seed{s}_2xh200.jsonl", "train") for s in range(3)),
     "r50x2_ips": lambda f: statistics.median(
-        median(f"cifar_r50_full_seed{s}_2xh200.jsonl", "img_per_s", 1) for s in range(3)),
+        median(f"cifar_r50_full_seed{s}_2xh200.jsonl", "img_per_s", 1) for s in range(3)
+    ),
     "r50_ips3": lambda f: statistics.median(
-        median(f"cifar_r50_full_seed{s}_1xh200.jsonl", "img_per_s", 1) for s in range(3)),
+        median(f"cifar_r50_full_seed{s}_1xh200.jsonl", "img_per_s", 1) for s in range(3)
+    ),
     "r50x2_diff": lambda f: f["r50x2_mean"] - f["r50_mean"],
     "r50x2_speedup": lambda f: f["r50x2_ips"] / f["r50_ips3"],
     # CIFAR-10: the script against a bare loop of the same model (bench/benchmark.py --only cifar), same GPU
@@ -483,6 +511,22 @@ H200 host with 64 CPU cores, whose two other GPUs trained CIFAR-10 models at the
 [[jpeg_gpu_decode_2xh200.log]]). That is short of 97%: the 2-GPU epoch holds only 8 windows, and the 1-GPU run's
 first windows shared the CPUs with a CIFAR run decoding its JPEGs, so this pair bounds the scaling loosely; a
 longer run on an idle host would pin it down.
+
+**Why a decode waits for the training, and why that is not the limit.** An in-process experiment on one H200 of a
+4-GPU host (4,096 of the same JPEGs, compiled bf16 ResNet-50, batch 256; [[jpeg_decode_hwqueues_4xh200host.log]],
+script [[jpeg_decode_hwqueues_4xh200host.py]]) times one `GpuTransform` call on an idle GPU and behind 180 queued
+matmuls. With CUDA's default of 8 hardware queues, the call takes {hq8_tv_idle:.0f} ms idle and {hq8_tv_busy:.0f} ms
+behind the matmuls with torchvision ({hq8_nv_idle:.0f} and {hq8_nv_busy:.0f} ms with nvImageCodec), and still
+{hq8_tv_busy_nb:.0f} ms ({hq8_nv_busy_nb:.0f} ms) when the matmuls run on a non-blocking stream: the legacy default
+stream is not the cause. With `CUDA_DEVICE_MAX_CONNECTIONS=32` the same calls take {hq32_tv_busy:.0f} and
+{hq32_nv_busy:.0f} ms behind the matmuls: the wait was a false dependency between streams that CUDA had mapped to the
+same hardware queue. The fed step does not get faster with it, though: {hq8_tv_fed:.1f} ms with 8 queues and
+{hq32_tv_fed:.1f} ms with 32 (torchvision, one prefetch thread; nvImageCodec: {hq8_nv_fed1:.1f} and {hq32_nv_fed1:.1f} ms
+with one thread, {hq8_nv_fed:.1f} and {hq32_nv_fed:.1f} ms with two), against {hq8_resident:.1f} ms on a resident
+batch. Prefetching two batches ahead already hides that wait, so the scripts leave the queue count alone; the remaining {hq8_tv_fed_gap:.0f} ms per step are the data
+path's own work on the GPU and the host (crops, resizes and colour conversion on the SMs beside the training kernels,
+and the Python thread that launches them sharing the interpreter with the training loop), which this experiment does
+not separate.
 """,
     "cifar-recipes": """\
 Three recipes, each with `C="cifar_resnet/train.py --data-dir /tmp/c --val-split 5000 --gpu-data --compile -b 512 -j

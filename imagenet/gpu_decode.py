@@ -12,7 +12,7 @@ normalize run batched on the device, one batch ahead of the training step, on a 
 Decoders (``GpuTransform(decoder=...)``, train.py's ``--gpu-decoder``):
 - ``torchvision`` (default): one batched ``torchvision.io.decode_jpeg(device="cuda")`` call per batch. nvJPEG
   picks its backend: on an H100 the JPEG engines were busy (NVML) while it ran, so it uses the hardware
-  decoders too. It needs no extra package, returns only once the whole GPU is idle (hence ``prefetch``'s
+  decoders too. It needs no extra package, blocks the calling thread while it decodes (hence ``prefetch``'s
   thread), and torchvision 0.29 deprecates it. On a CPU device (the tests) it is libjpeg on the CPU.
 - ``nvimgcodec``: NVIDIA nvImageCodec (``pip install -r requirements-gpu.txt``). Baseline JPEGs go to the
   hardware JPEG decoders (NVJPG engines of A100, H100, H200...), what they reject (progressive JPEGs, rare
@@ -324,7 +324,7 @@ class GpuTransform:
     ``decoder``: "torchvision" or "nvimgcodec" (see the module's docstring); ``self.counts``: how many images
     each of hw (nvImageCodec's hardware decoder), cuda (nvJPEG through either) and cpu decoded.
     Per batch it copies no constants and makes no host sync of its own, but decoding blocks the calling thread
-    (torchvision's until the whole device is idle): call it through ``prefetch``.
+    (see ``prefetch``): call it through ``prefetch``.
     """
 
     def __init__(
@@ -412,15 +412,17 @@ def prefetch(
     """``transform(b) for b in batches``, in order, computed up to ``ahead`` batches early by ``threads`` threads
     (default: ``transform.threads``).
 
-    Why threads: decoding blocks the calling thread until the GPU work queued before it has run, on any stream.
-    A transform call with torchvision's CUDA ``decode_jpeg`` took 33 ms for a batch of 256 on an idle H100 and
-    305 ms behind 180 queued matmuls; with nvImageCodec 40 and 308 ms (bench/benchmark.py's jpeg profile). Called
-    from the training loop, either stalls the host at every step, and the GPU with it. Each thread queues its work
-    on its own side stream (``priority``: that stream's CUDA priority, -1 high), so the crops and resizes run beside
-    the training; with two threads, one decodes a batch (without the GIL) while the other launches the crops of the
-    batch before it. The consumer's stream waits for each batch's event, and a batch's pinned file bytes stay
-    referenced until the GPU has read them (nvImageCodec copies them from where they lie, and torch's pinned-memory
-    cache would hand the block to another batch as soon as it is freed).
+    Why threads: decoding blocks the calling thread, and behind queued training kernels it blocks until they ran,
+    on whichever stream: a transform call with torchvision's CUDA ``decode_jpeg`` took 33 ms for a batch of 256 on
+    an idle H100 and 305 ms behind 180 queued matmuls; with nvImageCodec 40 and 308 ms (bench/benchmark.py's jpeg
+    profile). CUDA runs the streams on 8 hardware queues by default, and the decoders' streams share them with the
+    training's (CUDA_DEVICE_MAX_CONNECTIONS=32 cut the wait to 45-51 ms on an H200, without faster fed steps:
+    BENCHMARKS.md). Called from the training loop, either decoder stalls the host at every step, and the GPU with
+    it. Each thread queues its work on its own side stream (``priority``: that stream's CUDA priority, -1 high), so
+    the crops and resizes run beside the training; with two threads, one decodes a batch (without the GIL) while the
+    other launches the crops of the batch before it. The consumer's stream waits for each batch's event, and a
+    batch's pinned file bytes stay referenced until the GPU has read them (nvImageCodec copies them from where they
+    lie, and torch's pinned-memory cache would hand the block to another batch as soon as it is freed).
     """
     it, lock, stop = iter(batches), threading.Lock(), threading.Event()
     q: queue.Queue = queue.Queue(maxsize=ahead)
