@@ -23,7 +23,7 @@ import torchvision.transforms as T
 from torchvision import datasets
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common.data import SeededDataset, loader_generator, seed_worker, worker_context
+from common.data import SeededDataset, init_worker, loader_generator, worker_context
 from tests.conftest import make_jpeg_imagefolder
 
 if __name__ == "__main__":
@@ -46,7 +46,7 @@ if __name__ == "__main__":
         opt.zero_grad()
         works = [dist.all_reduce(torch.ones(1), group=group, async_op=True) for _ in range(args.in_flight)]
         loader = torch.utils.data.DataLoader(ds, 4, sampler=[(0, i) for i in range(8)], num_workers=1,
-                                             multiprocessing_context=ctx, worker_init_fn=seed_worker,
+                                             multiprocessing_context=ctx, worker_init_fn=init_worker,
                                              generator=loader_generator(0, rank))  # fmt: skip
         total = torch.tensor([float(sum(x.sum() for x, _ in loader))])
         for w in works:

@@ -39,8 +39,8 @@ from common.data import (
     ExactEvalSampler,
     ResumableDistributedSampler,
     SeededDataset,
+    init_worker,
     loader_generator,
-    seed_worker,
     worker_context,
 )
 from common.distributed import (
@@ -214,7 +214,7 @@ def main(args: argparse.Namespace) -> None:
     loader_kw = dict(
         num_workers=args.workers,
         pin_memory=device.type == "cuda",
-        worker_init_fn=seed_worker,
+        worker_init_fn=init_worker,
         persistent_workers=args.workers > 0,
         multiprocessing_context=worker_context(args.workers),  # not forked from this process: see worker_context
         generator=loader_generator(args.seed, info.rank),

@@ -90,8 +90,27 @@ class SeededDataset(Dataset):
             return self.dataset[i]
 
 
-def seed_worker(worker_id: int) -> None:
-    """DataLoader worker_init_fn: seed python/numpy from the worker's torch seed."""
+def die_with_parent() -> None:
+    """Linux: have the kernel SIGKILL this process when the thread that started it exits (PR_SET_PDEATHSIG).
+
+    SIGKILL ends even a stopped process. Two links use it, so that DataLoader workers never outlive their rank,
+    however it dies (the stall watchdog, SIGKILL from a launcher or Slurm, the OOM killer): the fork server dies
+    with its rank (``worker_context`` preloads common/forkserver_guard.py into it), and each worker with the fork
+    server (``init_worker``). The fork server alone would not exit: it waits for its last worker, and a worker
+    stopped or stuck in a read would then keep the job's stdout open and hang whatever waits on it.
+    """
+    import sys
+
+    if sys.platform == "linux":
+        import ctypes
+        import signal
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def init_worker(worker_id: int) -> None:
+    """DataLoader worker_init_fn: seed python/numpy from the worker's torch seed; die with the fork server."""
     import random
     import sys
 
@@ -99,6 +118,7 @@ def seed_worker(worker_id: int) -> None:
     random.seed(s)
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed(s)
+    die_with_parent()
 
 
 def loader_generator(seed: int, rank: int) -> torch.Generator:
@@ -125,6 +145,6 @@ def worker_context(num_workers: int) -> multiprocessing.context.BaseContext | No
 
     # The server imports these once, not every worker again (Python's own preload of __main__ finds no main path).
     heavy = ("torch", "torch.distributed", "torchvision", "PIL.Image", "numpy")
-    forkserver.set_forkserver_preload([m for m in heavy if m in sys.modules])
+    forkserver.set_forkserver_preload([m for m in heavy if m in sys.modules] + ["common.forkserver_guard"])
     forkserver.ensure_running()
     return multiprocessing.get_context("forkserver")

@@ -43,8 +43,8 @@ from common.data import (
     ExactEvalSampler,
     ResumableDistributedSampler,
     SeededDataset,
+    init_worker,
     loader_generator,
-    seed_worker,
     worker_context,
 )
 from common.distributed import (
@@ -247,7 +247,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
     loader_kw = dict(
         num_workers=args.workers,
         pin_memory=device.type == "cuda",
-        worker_init_fn=seed_worker,
+        worker_init_fn=init_worker,
         persistent_workers=args.workers > 0,
         prefetch_factor=2 if args.workers > 0 else None,  # batches in flight per worker
         multiprocessing_context=worker_context(args.workers),  # not forked from this process: see worker_context

@@ -85,6 +85,22 @@ def wait_for_train_step(out, step, proc, timeout=60):
     raise AssertionError("training did not start in time")
 
 
+def communicate(proc, timeout):
+    """proc's output once it and every process holding its stdout have ended; on a timeout, fail with the output
+    so far and the processes still alive."""
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        alive = [f"{pid} (parent {ppid}): {cmd[:120]!r}" for pid, (ppid, cmd, _) in processes().items()
+                 if b"train.py" in cmd or b"forkserver" in cmd or b"torch.distributed.run" in cmd]  # fmt: skip
+        proc.kill()
+        try:
+            out = proc.communicate(timeout=5)[0]
+        except subprocess.TimeoutExpired:
+            out = "(the output pipe is still held open)"
+        raise AssertionError(f"not ended after {timeout}s; still alive: {alive}\n{out[-3000:]}") from None
+
+
 def assert_stalled(log, rank, what):
     """The watchdog's output: a header, every thread's stack (the main thread's included), one error line."""
     assert f"rank {rank}: no progress for " in log and "the stack of every thread follows" in log, log[-3000:]
@@ -106,10 +122,39 @@ def test_frozen_dataloader_worker_ends_the_run(data, tmp_path):
         rank1 = rank_process(proc.pid, 1)
         (worker,) = dataloader_workers(rank1)
         os.kill(worker, signal.SIGSTOP)
-        log, _ = proc.communicate(timeout=60)  # a worker left behind would hold the pipe open: a timeout
+        log = communicate(proc, 60)  # a worker left behind would hold the pipe open: a timeout
         assert proc.returncode != 0
         assert_stalled(log, 1, "waiting for the next training batch from the data loader")
         assert worker not in processes(), "the frozen DataLoader worker outlived its rank"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if worker in processes():
+            os.kill(worker, signal.SIGKILL)
+
+
+def test_a_killed_process_takes_its_stopped_dataloader_worker_along():
+    """Whatever ends a rank (here SIGKILL, where the watchdog cannot clean up), its DataLoader workers die with it,
+    even a stopped one, and so does their fork server: none is left holding the job's stdout open."""
+    code = ("import sys, time, torch; sys.path.insert(0, sys.argv[1]); "
+            "from common.data import init_worker, worker_context; "
+            "dl = torch.utils.data.DataLoader(range(10**6), batch_size=1, num_workers=1, worker_init_fn=init_worker, "
+            "multiprocessing_context=worker_context(1)); it = iter(dl); next(it); print('ready', flush=True); "
+            "time.sleep(300)")  # fmt: skip
+    proc = popen([PY, "-c", code, str(REPO)])
+    worker = None
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        (worker,) = dataloader_workers(proc.pid)
+        server = processes()[worker][0]
+        os.kill(worker, signal.SIGSTOP)
+        os.kill(proc.pid, signal.SIGKILL)
+        communicate(proc, 30)
+        deadline = time.time() + 10
+        while (worker in processes() or server in processes()) and time.time() < deadline:
+            time.sleep(0.05)
+        assert worker not in processes() and server not in processes()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -132,7 +177,7 @@ def test_frozen_rank_ends_the_peer_waiting_in_the_all_reduce(data, tmp_path):
             time.sleep(0.1)
         assert time.time() - t0 < 30, "rank 0 did not end"
         os.kill(rank1, signal.SIGCONT)  # or torchrun would wait 30 s before it SIGKILLs the stopped rank
-        log, _ = proc.communicate(timeout=60)
+        log = communicate(proc, 60)
         assert proc.returncode != 0
         assert_stalled(log, 0, "in a training step (forward, backward with the gradient all-reduce")
     finally:

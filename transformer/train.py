@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # find common/ when run as a script
 from common.checkpoint import CheckpointWriter, load_checkpoint, load_model_state, resolve_resume
-from common.data import ExactEvalSampler, worker_context
+from common.data import ExactEvalSampler, init_worker, worker_context
 from common.distributed import (
     add_dist_args,
     all_reduce_sum,
@@ -266,6 +266,7 @@ def main(args: argparse.Namespace) -> None:
         num_workers=args.workers,
         pin_memory=device.type == "cuda",
         persistent_workers=args.workers > 0,
+        worker_init_fn=init_worker,
         multiprocessing_context=worker_context(args.workers),  # not forked from this process: see worker_context
     )
 
