@@ -285,8 +285,8 @@ def is_dist() -> bool:
 
 
 def barrier() -> None:
-    if is_dist():
-        dist.barrier()
+    if is_dist():  # with NCCL, name this rank's GPU: torch otherwise warns that it guesses it
+        dist.barrier(device_ids=[torch.cuda.current_device()] if dist.get_backend() == "nccl" else None)
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
