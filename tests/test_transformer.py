@@ -115,13 +115,15 @@ def test_packed_rows_equal_each_sentence_alone(flex):
     """Packed rows with document masks give every sentence the encoder states and logits it gets alone: the encoder
     mask (memory), and the decoder and cross-attention masks (logits). flex=True runs FlexAttention itself (its CPU
     forward) instead of the dense boolean masks that CPU training uses."""
+    from torch.nn.attention.flex_attention import BlockMask
+
     import transformer.model as tm
 
     model = tiny_model()
     src, tgt, rows, (s, t_in, t_out, s_doc, t_doc) = packed_example()
     with torch.no_grad():  # FlexAttention has no CPU backward
         enc_mask, dec_mask, cross_mask = tm.document_masks(s_doc, t_doc, dense=not flex)
-        assert isinstance(enc_mask, tm.BlockMask) == flex
+        assert isinstance(enc_mask, BlockMask) == flex
         memory = model.encode(s, enc_mask, tm.positions_in_documents(s_doc))
         logits = model(s, t_in, s_doc, t_doc, dense=not flex)
         alone = unpacked_outputs(model, src, tgt)
