@@ -23,7 +23,8 @@ PY = sys.executable
 # two groups, and its peer-failure tests go one by one. An uninterrupted reference run that tests in several files
 # compare with (see shared) is made by whichever group needs it first; a group that needs it meanwhile waits.
 SLOWEST_FIRST = ["test_imagenet.py", "test_transformer.py", "test_fault.py::cifar", "test_fault.py::other",
-                 "test_docs.py", "test_cifar.py", "test_bench.py", "test_launchers.py", "test_slurm.py"]  # fmt: skip
+                 "test_cifar.py", "test_launchers.py", "test_docs.py", "test_slurm.py", "test_bench.py",
+                 "test_watchdog.py", "test_checkpoint.py", "test_ddp.py"]  # fmt: skip
 
 
 def group(item) -> str:

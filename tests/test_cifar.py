@@ -57,25 +57,18 @@ def test_torchvision_pickle_format(tmp_path):
     assert [r["count"] for r in recs if r["split"] == "test"] == [21]
 
 
-def test_jpeg_imagefolder_with_val_split(tmp_path, tiny_imagefolder):
+def in_process(monkeypatch, *args):
+    """cifar_resnet/train.py's entry point in this process (1 process, no launcher): no start-up of its own."""
+    import cifar_resnet.train as train
+
+    monkeypatch.setattr(sys, "argv", ["cifar_resnet/train.py", *map(str, args)])
+    train.run_cli(train.cli)
+
+
+def test_jpeg_imagefolder_with_val_split(tmp_path, tiny_imagefolder, monkeypatch):
     out = tmp_path / "out"
-    run(
-        [
-            PY,
-            "cifar_resnet/train.py",
-            "--data-dir",
-            tiny_imagefolder,
-            "--val-split",
-            "9",
-            "--max-steps",
-            "2",
-            "-j",
-            "0",
-            "--output-dir",
-            out,
-            *TINY,
-        ]
-    )
+    in_process(monkeypatch, "--data-dir", tiny_imagefolder, "--val-split", "9", "--max-steps", "2", "-j", "0",
+               "--output-dir", out, *TINY)  # fmt: skip
     recs = check_run(out, 1, 2)
     assert [r["count"] for r in recs if r["split"] == "val"] == [9]
 
@@ -86,8 +79,9 @@ def test_resume_mid_epoch_is_bit_identical(tmp_path, tmp_path_factory, data_path
     one test_fault.py restarts and preempts: one uninterrupted run for both files."""
     data = cifar_data(tmp_path_factory)  # 40 images / 2 ranks / 4 = 5 steps per epoch
     cmd = functools.partial(cifar_resume_cmd, data, gpu_data=data_path == "gpu-data")
-    if data_path == "loader":
-        torchrun(2, *cmd(tmp_path / "a"))
+    if data_path == "loader":  # one DataLoader worker per rank; the interrupted run loads in the main process (-j 0),
+        torchrun(2, *cmd(tmp_path / "a"))  # as a resume must be exact with another worker count too
+        cmd = lambda out, *extra: cifar_resume_cmd(data, out, "-j", "0", *extra, gpu_data=False)  # noqa: E731
     else:
         (tmp_path / "a").symlink_to(cifar_reference(tmp_path_factory))
     torchrun(2, *cmd(tmp_path / "b", "--max-steps", "3"))
@@ -134,35 +128,24 @@ def test_bad_input_is_one_line(tmp_path, args, msg, monkeypatch, capsys):
         assert err.startswith(msg), err
 
 
-def test_checkpoint_from_other_arch_is_refused(tmp_path):
-    run([PY, "cifar_resnet/train.py", "--synthetic", "--max-steps", "1", "-j", "0", "--eval-every", "0",
-         "--output-dir", tmp_path, *TINY])  # fmt: skip
-    p = run(
-        [
-            PY,
-            "cifar_resnet/train.py",
-            "--synthetic",
-            "--max-steps",
-            "2",
-            "-j",
-            "0",
-            "--output-dir",
-            tmp_path,
-            "--arch",
-            "resnet34",
-            *TINY,
-        ],
-        check=False,
-    )
-    assert p.returncode == 2 and "does not fit this model" in p.stderr and "Traceback" not in p.stderr
+def test_checkpoint_from_other_arch_is_refused(tmp_path, monkeypatch, capsys):
+    args = ["--synthetic", "-j", "0", "--output-dir", tmp_path, *TINY]
+    in_process(monkeypatch, *args, "--max-steps", "1", "--eval-every", "0")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        in_process(monkeypatch, *args, "--max-steps", "2", "--arch", "resnet34")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "does not fit this model" in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
 
 
-def test_resume_under_another_world_size_continues_the_epoch(tmp_path, tiny_imagefolder):
-    """1 process x 4 images for 2 steps, then 2 processes x 4: the epoch continues after the same 8 images
-    (micro-batch 1 of 5), the step counter keeps counting, and the LR follows the doubled global batch."""
+def test_resume_under_another_world_size_continues_the_epoch(tmp_path, tiny_imagefolder, monkeypatch):
+    """1 process x 4 images for 2 steps (in this process), then 2 processes x 4 (torchrun): the epoch continues
+    after the same 8 images (micro-batch 1 of 5), the step counter keeps counting, and the LR follows the doubled
+    global batch."""
     cmd = ["cifar_resnet/train.py", "--data-dir", tiny_imagefolder, "--epochs", "2", "-j", "0",
            "--output-dir", tmp_path, "--warmup-epochs", "0", *TINY]  # fmt: skip
-    run([PY, *cmd, "--max-steps", "2"])
+    in_process(monkeypatch, *cmd[1:], "--max-steps", "2")
     p = torchrun(2, *cmd)
     assert "note: checkpoint written by 1 process(es) x 4 samples, now 2 x 4" in p.stdout
     train = [r for r in records(tmp_path) if r["split"] == "train"]

@@ -1,10 +1,11 @@
 """DDP equivalence and exact distributed evaluation, with real torchrun processes."""
 
 import json
+import sys
 
 import torch
 
-from tests.conftest import PY, REPO, run, run_parallel, torchrun_cmd
+from tests.conftest import PY, REPO, run_parallel, torchrun_cmd
 
 
 def run_all(cmds):
@@ -26,20 +27,25 @@ def test_ddp_two_procs_equal_one_proc_double_batch(tmp_path):
     assert (single["0.weight"] - init.weight).abs().max() > 0  # it trained at all
 
 
-def test_exact_eval_identical_for_world_sizes_1_2_3(tmp_path, tiny_imagefolder):
-    """13 test images: no world size divides it; every image must be counted exactly once."""
+def test_exact_eval_identical_for_world_sizes_1_2_3(tmp_path, tiny_imagefolder, monkeypatch):
+    """13 test images: no world size divides it; every image must be counted exactly once. The training and the
+    1-process evaluation run the script's entry point in this process, the 2- and 3-process ones under torchrun."""
+    import cifar_resnet.train as train
+
     out = tmp_path / "train"
     common = ["--data-dir", tiny_imagefolder, "-b", "4", "-j", "0", "--epochs", "1", "--max-steps", "2", "--seed", "1"]
-    run([PY, "cifar_resnet/train.py", *common, "--output-dir", out])
     evaluate = ["cifar_resnet/train.py", *common, "-e", "--resume", out / "last.pt", "--output-dir"]
-    run_all([torchrun_cmd(n, *evaluate, tmp_path / f"eval{n}") for n in (1, 2, 3)])
+    for argv in (["cifar_resnet/train.py", *common, "--output-dir", out], [*evaluate, tmp_path / "eval1"]):
+        monkeypatch.setattr(sys, "argv", list(map(str, argv)))
+        train.cli()
+    run_all([torchrun_cmd(n, *evaluate, tmp_path / f"eval{n}") for n in (2, 3)])
     records = []
     for n in (1, 2, 3):
         d = tmp_path / f"eval{n}"
         rec = [json.loads(line) for line in open(d / "metrics.jsonl")]
         assert len(rec) == 1 and rec[0]["split"] == "test"
         cfg = json.loads((d / "config.json").read_text())
-        assert cfg["world_size"] == n
+        assert cfg["world_size"] == n and cfg["launcher"] == ("single" if n == 1 else "torchrun")
         records.append(rec[0])
     for r in records:
         assert r["count"] == 13

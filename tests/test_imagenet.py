@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PY, REPO, free_port, make_jpeg_imagefolder, run, run_parallel, torchrun
+from conftest import PY, REPO, free_port, make_jpeg_imagefolder, run, torchrun
 
 SCRIPT = str(REPO / "imagenet" / "train.py")
 N_TRAIN, N_VAL = 37, 25
@@ -47,7 +47,9 @@ def data(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def runs(data, tmp_path_factory) -> dict:
     """A: the pytorch/examples command line (mp.spawn, 2 CPU processes) stopped mid-epoch at step 3, then
-    resumed under torchrun to the end. B: the same training under torchrun, uninterrupted."""
+    resumed under torchrun to the end, loading in the main process (-j 0). B: the same training under torchrun,
+    uninterrupted, with a DataLoader worker per rank: every random stream is a function of (seed, epoch, index), so
+    the worker count does not change the result."""
     root = tmp_path_factory.mktemp("runs")
     a, b = root / "a", root / "b"
     port = free_port()
@@ -57,7 +59,7 @@ def runs(data, tmp_path_factory) -> dict:
     p1 = run([PY, SCRIPT, *examples, *TINY, *extra])
     snap = {"config": json.loads((a / "config.json").read_text()), "ckpt": ckpt(a / "last.pt"), "stdout": p1.stdout}
     snap["train"], snap["val"] = records(a, "train"), records(a, "val")
-    p2 = torchrun(2, SCRIPT, str(data), *TINY, "--output-dir", a)
+    p2 = torchrun(2, SCRIPT, str(data), *TINY, "-j", "0", "--output-dir", a)  # no DataLoader worker: see below
     p3 = torchrun(2, SCRIPT, str(data), *TINY, "--output-dir", b)
     return {"a": a, "b": b, "first": snap, "resumed_stdout": p2.stdout, "b_stdout": p3.stdout}
 
@@ -92,7 +94,7 @@ def test_checkpoint_from_mp_spawn_resumes_under_torchrun_exactly(runs):
     steps = [r["step"] for r in records(a, "train")]
     assert steps == [1, 2, 3] + list(range(4, 9))  # continues counting, nothing repeated
     assert json.loads((a / "config.json").read_text())["launcher"] == "torchrun"
-    # Same world size, same (seed, epoch) order, same per-sample augmentation: bit-identical weights.
+    # Same world size, same (seed, epoch) order, same per-sample augmentation (whichever process loads): bit-identical.
     wa, wb = ckpt(a / "last.pt"), ckpt(b / "last.pt")
     assert wa["step"] == wb["step"] == 8
     for k in wb["model"]:
@@ -106,7 +108,7 @@ def test_exact_eval_identical_for_world_sizes_1_2_3(runs, data, m, tmp_path, mon
     2-process (torchrun) eval of the same weights at the end of training: each of the 25 images counted once, same
     numbers."""
     last = runs["b"] / "last.pt"
-    evaluate = [SCRIPT, str(data), *TINY, "-e", "--resume", str(last), "--output-dir"]
+    evaluate = [SCRIPT, str(data), *TINY, "-j", "0", "-e", "--resume", str(last), "--output-dir"]
     run([PY, *evaluate, str(tmp_path / "w3"), "--multiprocessing-distributed", "--nproc-per-node", "3",
          "--dist-url", f"tcp://127.0.0.1:{free_port()}"])  # fmt: skip
     monkeypatch.setattr(sys, "argv", [*evaluate, str(tmp_path / "w1")])
@@ -120,16 +122,16 @@ def test_exact_eval_identical_for_world_sizes_1_2_3(runs, data, m, tmp_path, mon
     assert 0 < ref["acc5"] and ref["acc1"] <= ref["acc5"] <= 100
 
 
-def test_dummy_data_modern_recipe_resumes_bit_identical(tmp_path):
+def test_dummy_data_modern_recipe_resumes_bit_identical(m, tmp_path, monkeypatch):
     """--dummy batches are made as tensors, deterministic in (seed, step); mixup/cutmix and the EMA are
-    seeded per step and checkpointed, so 3 + 3 steps equal 6 steps exactly."""
+    seeded per step and checkpointed, so 3 + 3 steps equal 6 steps exactly (three runs of the script's entry point in
+    this process)."""
     args = [SCRIPT, "--dummy", "--dummy-sizes", "64", "11", *TINY, "--recipe", "modern"]
     args += ["--mixup-alpha", "0.2", "--cutmix-alpha", "1.0", "--ema-decay", "0.9"]
     one, two = tmp_path / "one", tmp_path / "two"
-    for p in run_parallel([[PY, *args, "--max-steps", "6", "--output-dir", str(one)],
-                           [PY, *args, "--max-steps", "3", "--output-dir", str(two)]]):  # fmt: skip
-        assert p.returncode == 0, p.err[-3000:]
-    run([PY, *args, "--max-steps", "6", "--output-dir", str(two)])
+    for steps, out in ((6, one), (3, two), (6, two)):
+        monkeypatch.setattr(sys, "argv", [*args, "--max-steps", str(steps), "--output-dir", str(out)])
+        m.cli()
     a, b = ckpt(one / "last.pt"), ckpt(two / "last.pt")
     assert a["step"] == b["step"] == 6
     for key in ("model", "model_ema"):
@@ -143,15 +145,18 @@ def test_dummy_data_modern_recipe_resumes_bit_identical(tmp_path):
     assert va["count"] == 11 and {"ema_acc1", "ema_loss"} <= va.keys()
 
 
-def test_resume_with_another_global_batch_keeps_the_epoch_position_and_rescales_lr(tmp_path):
+def test_resume_with_another_global_batch_keeps_the_epoch_position_and_rescales_lr(m, tmp_path, monkeypatch, capsys):
     """A checkpoint of 3 steps x 4 images resumed with -b 2 (as after a change of world size): the epoch
     continues after the same 12 images (micro-batch 6 of 32), the step counter keeps counting, and the LR
-    follows the new global batch (linear scaling: half)."""
-    args = [PY, SCRIPT, "--dummy", "--dummy-sizes", "64", "5", *TINY, "--epochs", "1", "--output-dir", str(tmp_path)]
-    run([*args, "--max-steps", "3"])
+    follows the new global batch (linear scaling: half). Both runs in this process."""
+    args = [SCRIPT, "--dummy", "--dummy-sizes", "64", "5", *TINY, "--epochs", "1", "--output-dir", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", [*args, "--max-steps", "3"])
+    m.cli()
     first = records(tmp_path, "train")
-    p = run([*args, "-b", "2", "--max-steps", "5"])
-    assert "now 1 x 2; the epoch continues after the same samples" in p.stdout
+    monkeypatch.setattr(sys, "argv", [*args, "-b", "2", "--max-steps", "5"])
+    capsys.readouterr()
+    m.cli()
+    assert "now 1 x 2; the epoch continues after the same samples" in capsys.readouterr().out
     after = records(tmp_path, "train")[len(first) :]
     assert [r["step"] for r in after] == [4, 5]
     assert after[0]["lr"] == pytest.approx(first[-1]["lr"] / 2)

@@ -18,13 +18,13 @@ Two kinds of batch run through the same weights:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from common.utils import autocast
 from transformer.data import BOS, EOS, PAD, pad_batch, token_batches
@@ -60,9 +60,15 @@ def allow_cudnn_attention(allow: bool) -> None:
 
 # ------------------------------------------------------------------ document masks (packed rows)
 
-# flex_attention runs eagerly only as a slow reference; compiled, it becomes one fused kernel that skips
-# masked-out blocks. Compiling it here also serves an eager model.
-compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
+# FlexAttention and the compiler are imported on first use, by GPU training on packed rows: at import time they cost
+# every process 2.5-5 s of CPU start-up, for nothing in CPU training (dense masks), evaluation and translate.py.
+
+
+@functools.cache
+def compiled(fn):
+    """torch.compile(fn) for an eager model on a GPU, made once. Inside a compiled model (torch.compiler.is_compiling)
+    the plain function is called instead: the model's compiler traces it into its own graph."""
+    return torch.compile(fn, dynamic=False)
 
 
 def document_masks(src_doc, tgt_doc, dense: bool | None = None) -> tuple:
@@ -91,13 +97,11 @@ def document_masks(src_doc, tgt_doc, dense: bool | None = None) -> tuple:
     )
 
 
-# Built eagerly, a batch's three block masks took 18-29 ms on an H100 (64 or 8 rows of 1,024 tokens), compiled
-# 0.25-0.55 ms (bench/benchmark.py's mask_ms_*). A compiled model traces document_masks itself.
-compiled_document_masks = torch.compile(document_masks, dynamic=False)
+def block_mask(mask_mod, q_doc, kv_doc):
+    """FlexAttention's block-sparse form of mask_mod (a BlockMask): 128 x 128 blocks, skipped where no pair may
+    attend."""
+    from torch.nn.attention.flex_attention import create_block_mask
 
-
-def block_mask(mask_mod, q_doc, kv_doc) -> BlockMask:
-    """FlexAttention's block-sparse form of mask_mod: 128 x 128 blocks, skipped where no pair may attend."""
     B, Lq, Lkv = q_doc.shape[0], q_doc.shape[1], kv_doc.shape[1]
     return create_block_mask(mask_mod, B, None, Lq, Lkv, device=q_doc.device)
 
@@ -143,10 +147,14 @@ class Attention(nn.Module):
         S, H = memory.shape[1], self.n_heads
         q = self.q(x).view(B, T, H, D // H).transpose(1, 2)  # (B, H, T, D/H)
         k, v = self.kv(memory).view(B, S, 2, H, D // H).permute(2, 0, 3, 1, 4)  # 2 x (B, H, S, D/H)
-        if isinstance(mask, BlockMask):
-            y = (compiled_flex_attention if q.is_cuda else flex_attention)(q, k, v, block_mask=mask)
-        else:
+        if mask is None or isinstance(mask, torch.Tensor):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)  # (B, H, T, D/H)
+        else:  # a BlockMask: FlexAttention, eager only as a slow reference (CPU); compiled, one fused kernel
+            from torch.nn.attention.flex_attention import flex_attention
+
+            if q.is_cuda and not torch.compiler.is_compiling():
+                flex_attention = compiled(flex_attention)
+            y = flex_attention(q, k, v, block_mask=mask)
         return self.out(y.transpose(1, 2).reshape(B, T, D))
 
 
@@ -245,7 +253,11 @@ class Transformer(nn.Module):
         if src_doc is None:
             src_mask = padding_mask(src)
             return self.decode(tgt_in, self.encode(src, src_mask), src_mask)
-        masks = compiled_document_masks if src_doc.is_cuda and dense is None else document_masks
+        masks = document_masks
+        if src_doc.is_cuda and dense is None and not torch.compiler.is_compiling():
+            # Built eagerly, a batch's three block masks took 18-29 ms on an H100 (64 or 8 rows of 1,024 tokens),
+            # compiled 0.25-0.55 ms (bench/benchmark.py's mask_ms_*).
+            masks = compiled(document_masks)
         enc_mask, dec_mask, cross_mask = masks(src_doc, tgt_doc, dense)
         memory = self.encode(src, enc_mask, positions_in_documents(src_doc))
         return self.decode(tgt_in, memory, cross_mask, dec_mask, positions_in_documents(tgt_doc))

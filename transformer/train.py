@@ -145,12 +145,12 @@ def bleu_signature() -> str:
 
 
 @torch.no_grad()
-@torch.compiler.set_stance("force_eager")  # --compile's layers run eagerly here: no compiling for eval shapes
 def evaluate(model, data, tok, args, info, dtype) -> dict:
     """Loss and sacreBLEU over the whole split: each pair on one rank, the hypotheses gathered on rank 0.
 
     `model` is the bare model: ranks hold different numbers of batches, and a DDP forward would wait
-    for the others.
+    for the others. It is never the compiled one either (--compile wraps the DDP model), so evaluation's
+    many batch shapes run eagerly instead of compiling one graph each.
     """
     from sacrebleu.metrics import BLEU
 
