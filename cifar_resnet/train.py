@@ -171,6 +171,8 @@ class EMA:
 def main(args: argparse.Namespace) -> None:
     if args.batch_size <= 0 or args.accum_steps <= 0:
         raise UserError("--batch-size and --accum-steps must be positive")
+    if args.compile_mode and not args.compile:
+        raise UserError("--compile-mode needs --compile")
     # [DDP 1] init the process group (torchrun, Slurm, MPI, --dist-url or none) and pick this rank's device.
     info = setup_distributed(args)
     device = info.device

@@ -108,6 +108,7 @@ def test_resume_mid_epoch_is_bit_identical(tmp_path, tmp_path_factory, data_path
         (["--data-dir", "/nonexistent"], "error: no CIFAR-10 at /nonexistent"),
         (["--synthetic", "--arch", "resnet7"], "error: unknown --arch 'resnet7'"),
         (["--synthetic", "--batch-size", "0"], "error: --batch-size and --accum-steps must be positive"),
+        (["--synthetic", "--compile-mode", "reduce-overhead"], "error: --compile-mode needs --compile"),
         (["--synthetic", "--output-dir", "/proc/forbidden"], "error: output dir /proc/forbidden is not writable"),
     ],
 )

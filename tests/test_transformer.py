@@ -526,7 +526,7 @@ def one_error_line(code, stderr):
 
 
 def test_bad_inputs_are_one_line_errors(tmp_path, monkeypatch, capsys):
-    """Two mistakes from the command line (one of them translate.py's), two more through train.py's own entry point
+    """Two mistakes from the command line (one of them translate.py's), three more through train.py's own entry point
     in this process: the same run_cli prints them, without a torch import per case."""
     base = [TRAIN, "--output-dir", tmp_path / "out", "-j", "0"]
     data = write_corpus(tmp_path / "c", {"train": synthetic_corpus(0, (20, 0, 0))["train"]})
@@ -536,6 +536,10 @@ def test_bad_inputs_are_one_line_errors(tmp_path, monkeypatch, capsys):
     for argv, want in (
         ([*base, "--data", tmp_path / "nope"], "no such directory"),
         ([*base, "--data", data, "--lang-src", "fr", "--lang-tgt", "en"], "languages found: de, en"),
+        (
+            [*base, "--synthetic", "--preset", "tiny", "--max-steps", "1", "--compile-mode", "reduce-overhead"],
+            "--compile-mode needs --compile",
+        ),
     ):
         monkeypatch.setattr(sys, "argv", list(map(str, argv)))
         with pytest.raises(SystemExit) as e:

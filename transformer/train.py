@@ -195,6 +195,8 @@ def main(args: argparse.Namespace) -> None:
         raise UserError("--max-tokens, --pack-len, --accum-steps and --beam must be positive")
     if not 0 < args.max_len < ModelConfig.max_positions:
         raise UserError(f"--max-len must be in 1..{ModelConfig.max_positions - 1} (the model's positions)")
+    if args.compile_mode and not args.compile:
+        raise UserError("--compile-mode needs --compile")
     pack_len = min(args.pack_len, args.max_tokens)
     if args.max_len >= pack_len:
         print0(f"note: --max-len {args.max_len} lowered to {pack_len - 1}: a pair must fit a row of {pack_len}")
