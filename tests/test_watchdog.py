@@ -85,6 +85,15 @@ def wait_for_train_step(out, step, proc, timeout=60):
     raise AssertionError("training did not start in time")
 
 
+def kill_leftovers(proc, worker):
+    """After a test, pass or fail: the launcher and a (stopped) worker must not outlive it."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    if worker in processes():
+        os.kill(worker, signal.SIGKILL)
+
+
 def communicate(proc, timeout):
     """proc's output once it and every process holding its stdout have ended; on a timeout, fail with the output
     so far and the processes still alive."""
@@ -127,11 +136,7 @@ def test_frozen_dataloader_worker_ends_the_run(data, tmp_path):
         assert_stalled(log, 1, "waiting for the next training batch from the data loader")
         assert worker not in processes(), "the frozen DataLoader worker outlived its rank"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if worker in processes():
-            os.kill(worker, signal.SIGKILL)
+        kill_leftovers(proc, worker)
 
 
 def test_a_killed_process_takes_its_stopped_dataloader_worker_along():
@@ -156,11 +161,7 @@ def test_a_killed_process_takes_its_stopped_dataloader_worker_along():
             time.sleep(0.05)
         assert worker not in processes() and server not in processes()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if worker in processes():
-            os.kill(worker, signal.SIGKILL)
+        kill_leftovers(proc, worker)
 
 
 def test_frozen_rank_ends_the_peer_waiting_in_the_all_reduce(data, tmp_path):
