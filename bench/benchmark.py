@@ -478,20 +478,25 @@ def bench_jpeg(args, device, rows):
     print(f"[jpeg] pixel check against Pillow: {checks}", file=sys.stderr)
     b, j, jg = (args.rn50_batch, str(args.workers), str(args.gpu_decode_workers)) if not args.tiny else (4, "0", "0")
     fast = ["--amp", "bf16", "--channels-last", "--compile"] if cuda and not args.tiny else []
+    graphs = [*fast, "--compile-mode", "reduce-overhead"] if fast else []  # CUDA graphs: launching costs ~no host time
     gpu_rows = [
-        (f"--gpu-decode --gpu-decoder {d}", ["--gpu-decode", "--gpu-decoder", d, "-j", jg, *fast]) for d in decoders
+        (f"--gpu-decode --gpu-decoder {d}", ["--gpu-decode", "--gpu-decoder", d, "-j", jg, *graphs]) for d in decoders
     ]
+    dummy = ["--dummy", "--dummy-sizes", str(n_train), str(n_val), "-j", j]
     configs = [  # most telling first, so that a run stopped by a time limit keeps them (Results writes every row)
-        ("--dummy (no data path)", ["--dummy", "--dummy-sizes", str(n_train), str(n_val), "-j", j, *fast]),
-        *gpu_rows[::-1],
+        ("--dummy (no data path)", [*dummy, *graphs]),
+        gpu_rows[0],
         (
             "pytorch/examples main.py configuration: Pillow, fp32, eager",
             ["-j", j, "--amp", "none", "--no-channels-last"],
         ),
+        *gpu_rows[1:],
+        ("--gpu-decode --gpu-decoder torchvision", ["--gpu-decode", "-j", jg, *fast]),  # without CUDA graphs: the
+        ("--dummy (no data path)", [*dummy, *fast]),  # host launches every kernel, beside the decoding threads
         ("Pillow DataLoader", ["-j", j, *fast]),
     ]
     if args.tiny:  # a smoke test of the two data paths; the others are the same script with other flags
-        configs = [configs[-1], configs[1]]
+        configs = [configs[-1], gpu_rows[0]]
     for name, flags in configs:
         out = Path(args.out) / f"jpeg_{len(rows)}"
         data = [] if "--dummy" in flags else [str(root)]
@@ -500,8 +505,10 @@ def bench_jpeg(args, device, rows):
         if args.tiny:
             cmd += ["--max-steps", "3", "-p", "1", "--train-crop-size", "32", "--val-resize-size", "36",
                     "--val-crop-size", "32"]  # fmt: skip
-        what_run = f"imagenet/train.py ResNet-50, {what}, {name}" + (
-            ", bf16 + channels_last + compile" * ("--compile" in flags)
+        what_run = (
+            f"imagenet/train.py ResNet-50, {what}, {name}"
+            + (", bf16 + channels_last + compile" * ("--compile" in flags))
+            + (" + CUDA graphs" * ("reduce-overhead" in flags))
         )
         row = script_row("jpeg", what_run, cmd, out, "img_per_s", 2 if not args.tiny else 1, monitor=True, batch=b)
         decoder = flags[flags.index("--gpu-decoder") + 1] if "--gpu-decoder" in flags else None

@@ -47,10 +47,12 @@ from typing import NamedTuple
 import PIL.Image
 import torch
 import torchvision
+from torch.profiler import record_function
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
 from common.distributed import mix_seed
 from common.errors import UserError
+from imagenet.crop_resize import crop_resize
 from imagenet.data import MEAN, STD
 
 Box = tuple[int, int, int, int, bool]  # top, left, height, width, flip
@@ -351,10 +353,8 @@ class GpuTransform:
         self.threads = 2 if decoder == "nvimgcodec" else 1
         self.nvdec = nvimgcodec_decoders(self.device) if decoder == "nvimgcodec" else None
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
-        # (x / 255 - mean) / std == x * scale + shift: one fused kernel, constants copied to the device once
-        mean_t, std_t = torch.tensor(mean).view(1, 3, 1, 1), torch.tensor(std).view(1, 3, 1, 1)
-        self.scale = (1 / (255 * std_t)).to(self.device)
-        self.shift = (-mean_t / std_t).to(self.device)
+        # (x / 255 - mean) / std == x * scale + shift, done by crop_resize's kernel
+        self.scale, self.shift = [1 / (255 * s) for s in std], [-m / s for m, s in zip(mean, std)]
 
     def __call__(self, batch: EncodedBatch, slot: int = 0) -> Batch:
         """``slot``: which of ``prefetch``'s threads calls; each has its own nvImageCodec decoders."""
@@ -362,44 +362,28 @@ class GpuTransform:
         if train and None in batch.boxes:
             raise ValueError("a training GpuTransform needs boxes: index EncodedImages with (epoch, i) keys")
         nvdec = nvimgcodec_decoders(self.device, slot) if self.nvdec is not None else None
-        images, keep, bad = decode(batch, self.device, nvdec, counts)
+        with record_function("gpu_decode.decode"):  # named spans for torch.profiler, free without it
+            images, keep, bad = decode(batch, self.device, nvdec, counts)
         with self.lock:
             self.counts.update(counts)
         if not images:
             return None, None, bad
-        # Each image is resized into its row of x: two or three kernels per image launched from Python, the
-        # pipeline's main host cost (the images differ in size, so no batched kernel takes them all).
-        x = torch.empty((len(images), 3, self.size, self.size), device=self.device)
-        for img, k, row in zip(images, keep, x.split(1)):
-            if train:
-                top, left, h, w, _ = batch.boxes[k]
-                self._resize(img[:, top : top + h, left : left + w], self.size, self.size, row)
-            else:
-                self._eval_crop(img, row)
-        if train and (flip := [i for i, k in enumerate(keep) if batch.boxes[k][4]]):
-            idx = torch.tensor(flip)  # flip the drawn rows, three kernels for the whole batch
-            idx = idx.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else idx
-            x.index_copy_(0, idx, x.index_select(0, idx).flip(-1))
-        out = torch.empty(x.shape, device=self.device, memory_format=self.memory_format)
-        torch.addcmul(self.shift, x, self.scale, out=out)  # normalize and change layout in one pass
+        geometry = [self._train_geometry(*batch.boxes[k]) if train else self._eval_geometry(*img.shape[1:])
+                    for img, k in zip(images, keep)]  # fmt: skip
+        out = torch.empty((len(images), 3, self.size, self.size), device=self.device, memory_format=self.memory_format)
+        with record_function("gpu_decode.crop_resize"):
+            crop_resize(images, geometry, out, self.scale, self.shift)
         labels = batch.labels if len(keep) == len(batch.labels) else batch.labels[keep]
         return out, labels.to(self.device, non_blocking=True), bad
 
-    @staticmethod
-    def _resize(img: torch.Tensor, h: int, w: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        # F.interpolate(mode="bilinear", antialias=True), torch's port of Pillow's filter, minus its Python checks
-        # (about 20 us of host time per image, 5 ms per batch); Pillow rounds to uint8 after it, we stay in float
-        aa = torch.ops.aten._upsample_bilinear2d_aa
-        return (
-            aa(img[None].float(), (h, w), False) if out is None else aa.out(img[None].float(), (h, w), False, out=out)
-        )
+    def _train_geometry(self, top: int, left: int, h: int, w: int, flip: bool) -> tuple:
+        return top, left, h, w, self.size, self.size, 0, 0, flip  # the box, resized to size x size
 
-    def _eval_crop(self, img: torch.Tensor, out: torch.Tensor) -> None:
-        h, w = img.shape[-2:]  # known on the host without a sync, also for images decoded on the GPU
+    def _eval_geometry(self, h: int, w: int) -> tuple:  # known on the host without a sync, also for GPU images
         r = self.resize_size
         nh, nw = (int(r * h / w), r) if w <= h else (r, int(r * w / h))  # T.Resize(int): long side truncated
         top, left = int(round((nh - self.size) / 2.0)), int(round((nw - self.size) / 2.0))  # T.CenterCrop
-        out.copy_(self._resize(img, nh, nw)[..., top : top + self.size, left : left + self.size])
+        return 0, 0, h, w, nh, nw, top, left, False  # the whole image, resized to nh x nw; the centre kept
 
 
 def prefetch(

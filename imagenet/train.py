@@ -134,6 +134,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--pretrained", action="store_true", help="start from torchvision's ImageNet weights")
     g.add_argument("--weights", default=None, help="with --pretrained: IMAGENET1K_V1 (main.py's), V2, DEFAULT...")
     g.add_argument("--compile", action="store_true", help="torch.compile the model")
+    g.add_argument("--compile-mode", default=None, help="torch.compile mode, e.g. reduce-overhead (CUDA graphs)")
     g.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across ranks (GPU only)")
     g.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None, help="default: on with CUDA")
     g = p.add_argument_group("optimization (unset values come from --recipe)")
@@ -214,6 +215,8 @@ def build_model(arch: str, num_classes: int, weights=None) -> nn.Module:
 
 def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
     # [DDP 1] init the process group (torchrun, Slurm, MPI, --dist-url, mp.spawn or none) and pick the device.
+    if args.compile_mode and not args.compile:
+        raise UserError("--compile-mode needs --compile")
     launch = launch or detect_launcher(None, args.dist_url, args.world_size, args.rank, args.local_rank)
     if args.gpu is not None and launch.launcher != "mp.spawn":
         if launch.launcher not in ("single", "dist-url"):
@@ -361,7 +364,9 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
         model = nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True
         )
-    train_model = torch.compile(model) if args.compile else model
+    # --compile-mode reduce-overhead replays the forward and backward as CUDA graphs: a step costs the host almost
+    # nothing to launch, which matters when --gpu-decode's threads share the GIL with the training loop
+    train_model = torch.compile(model, mode=args.compile_mode) if args.compile else model
     ema = None
     if args.ema_decay > 0:  # updated on every rank from the same weights; BN buffers are synced before eval
         from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn

@@ -240,6 +240,7 @@ def test_bad_inputs_in_process(m, data, tmp_path, monkeypatch, capsys):
         "no CUDA GPU": (data, "--gpu", "0"),
         "several nodes need --dist-url": (data, "--multiprocessing-distributed", "--world-size", "2"),
         "-e needs weights": (data, "-e", "--resume", "none"),
+        "--compile-mode needs --compile": (data, "--compile-mode", "reduce-overhead"),
         "--resume nope.pt: no such file": (data, "--resume", "nope.pt"),
         "--pretrained: cannot download": ("--dummy", "--pretrained", "-a", "resnet18", "-e"),
         "global batch 256 is larger than the 37": (data, "-a", "resnet18"),
