@@ -111,6 +111,21 @@ HWQ = {
 }
 
 
+JPEG_KEYS = ("dm", "tv", "dg", "tg", "ng", "ex", "pl")
+DECODERS = {"tv": "torchvision", "nv": "nvimgcodec"}
+JPEG_GPU = {  # the rows that name each decoder's pixel check
+    "tv": "--gpu-decode --gpu-decoder torchvision, bf16 + channels_last + compile + CUDA graphs",
+    "nv": "--gpu-decode --gpu-decoder nvimgcodec, bf16 + channels_last + compile + CUDA graphs",
+}
+CROPS = "crop+resize+flip+normalize of 256 decoded images"
+
+
+@cache
+def final(log: str, second: bool = False) -> dict:
+    """The FINAL record of an in-process experiment's log (the second one where the log holds two runs)."""
+    return json.loads(text(log).split("FINAL ")[1 + second].splitlines()[0])
+
+
 @cache
 def hwqueues(q: int) -> dict:
     """The FINAL record of the jpeg_decode_hwqueues run with CUDA_DEVICE_MAX_CONNECTIONS=q."""
@@ -128,6 +143,11 @@ def span(values) -> str:
 def per(keys, name: str, read) -> dict:
     """One figure per key: ``name.format(key)`` is ``read(key)``."""
     return {name.format(k): (lambda f, k=k: read(k)) for k in keys}
+
+
+def per_f(keys, name: str, read) -> dict:
+    """``per`` for figures computed from other figures: ``read(figures, key)``."""
+    return {name.format(k): (lambda f, k=k: read(f, k)) for k in keys}
 
 
 class Figures(dict):
@@ -154,7 +174,7 @@ Q200 = "console_rn50_cifar_imagefolder_ende_1xh200.log"
 Q100 = "console_rn50_jpeg_cifar_bleu_4xh100.log"
 TR1 = "tr_base_compile_script_bare_baseline_1xh100.json"
 BLEU1 = "tr_small_deen_bleu_packed_d04_t8k_1xh100.jsonl"
-JPEG = "jpeg_decode_paths_1xh100.json"
+JPEG = "jpeg_decode_paths_1xh200.json"
 PK = "transformer_base_packed_bare_1xh100.json"
 TRN = "tr_base_m8_script_bare_1xh100.json"
 TRS = "tr_small_script_cudagraphs_bare_1xh100.json"
@@ -165,7 +185,10 @@ SM_BARE = (
     "bare step small, packed 8x1024 rows, 8080 real target tokens, bf16, compile, model and loss compiled together, "
 )
 PK_PROF = "transformer_base_packed_bare_profile_1xh100.txt"
-JPEG_ROW = "imagenet/train.py ResNet-50, 12800 JPEGs of 500x375 q90 (100 KB), "
+JPEG_ROW = "imagenet/train.py ResNet-50, 20480 JPEGs of 500x375 q90 (100 KB), "
+BR = "jpeg_batched_resize_1xh200.log"
+BC = "jpeg_batched_connections_1xh200.log"
+BT = "jpeg_batched_timeline_1xh200.log"
 PK_STEP = "bare step base, packed 64x1024 rows, 63775 real target tokens, bf16, compile, "
 
 CB = "cifar_script_bare_1xh200.json"
@@ -180,26 +203,35 @@ CIFAR_BENCH = {
 }
 
 FIGURES = {
-    # Real JPEGs
-    "jpeg_dummy": lambda f: row(JPEG, JPEG_ROW + "--dummy (no data path), bf16 + channels_last + compile", "img_per_s"),
+    # Real JPEGs: every data path in one bench run (JPEG), then in-process experiments (BR, BC, BT)
     **{
         f"jpeg_{k}_{col}": (lambda w, c: lambda f: row(JPEG, JPEG_ROW + w, c))(what, col)
         for k, what in (
+            ("dm", "--dummy (no data path), bf16 + channels_last + compile"),
             ("tv", "--gpu-decode --gpu-decoder torchvision, bf16 + channels_last + compile"),
-            ("nv", "--gpu-decode --gpu-decoder nvimgcodec, bf16 + channels_last + compile"),
+            ("dg", "--dummy (no data path), bf16 + channels_last + compile + CUDA graphs"),
+            ("tg", "--gpu-decode --gpu-decoder torchvision, bf16 + channels_last + compile + CUDA graphs"),
+            ("ng", "--gpu-decode --gpu-decoder nvimgcodec, bf16 + channels_last + compile + CUDA graphs"),
             ("ex", "pytorch/examples main.py configuration: Pillow, fp32, eager"),
             ("pl", "Pillow DataLoader, bf16 + channels_last + compile"),
-            ("dm", "--dummy (no data path), bf16 + channels_last + compile"),
         )
         for col in ("img_per_s", "cpu_cores", "sm_util", "jpg_util")
     },
-    "jpeg_tv_share": lambda f: 100 * f["jpeg_tv_img_per_s"] / f["jpeg_dummy"],
-    "jpeg_nv_share": lambda f: 100 * f["jpeg_nv_img_per_s"] / f["jpeg_dummy"],
-    "jpeg_ex_share": lambda f: 100 * f["jpeg_ex_img_per_s"] / f["jpeg_dummy"],
-    "jpeg_pl_share": lambda f: 100 * f["jpeg_pl_img_per_s"] / f["jpeg_dummy"],
-    "jpeg_nv_x": lambda f: f["jpeg_nv_img_per_s"] / f["jpeg_ex_img_per_s"],
-    "jpeg_tv_x": lambda f: f["jpeg_tv_img_per_s"] / f["jpeg_ex_img_per_s"],
-    "jpeg_dm_x": lambda f: f["jpeg_dummy"] / f["jpeg_ex_img_per_s"],
+    "jpeg_dummy": lambda f: f["jpeg_dm_img_per_s"],
+    **per_f(JPEG_KEYS, "jpeg_{}_share", lambda f, k: 100 * f[f"jpeg_{k}_img_per_s"] / f["jpeg_dummy"]),
+    **per_f(JPEG_KEYS, "jpeg_{}_x", lambda f, k: f[f"jpeg_{k}_img_per_s"] / f["jpeg_ex_img_per_s"]),
+    **{
+        f"br_{d}_{k.replace('-', '_')}_{u.split()[0].lower()}": (
+            lambda f, d=d, k=k, u=u: final(BR)[f"{DECODERS[d]}: {CROPS}, {k}: {u}"]
+        )
+        for d in ("tv", "nv")
+        for k in ("batched", "per-image")
+        for u in ("GPU ms", "host ms")
+    },
+    **per(("tv", "nv"), "px_{}", lambda d: row(JPEG, JPEG_ROW + JPEG_GPU[d], "pixel_check")["max_mad_vs_pillow"]),
+    "br_diff": lambda f: final(BR)["torchvision: batched vs per-image, max abs diff"],
+    "br_resident": lambda f: final(BR)["resident ms"],
+    "br_tv_stream": lambda f: final(BR)["torchvision: kernel ms/step by stream, batched"]["7"],
     # Transformer, packed rows
     "tr_loop": lambda f: row(TRN, "baseline loop, base, pad 350, fp32, batch 8", "tok_per_s"),
     "tr_c1": lambda f: row(TRN, TR_SCRIPT, "tok_per_s"),
@@ -240,13 +272,36 @@ FIGURES = {
     # Transformer base weak scaling on Multi30k x 8 (bench/reproduce.sh scaling): the logs of whichever GPU type ran it
     **per((1, 2), "m8_{}", lambda n: median(f"tr_base_m8_compile_{n}x{M8_HW}.jsonl", "tok_per_s")),
     "m8_2_eff": lambda f: eff(f, "m8_2", "m8_1", 2),
-    # ResNet-50 on 40,960 JPEGs, 160 steps, 1x H200 (16 cores); weak scaling on a 4-GPU H200 host
-    "j200_dummy": lambda f: median("jpeg_r50_dummy_40k_1xh200.jsonl", "img_per_s"),
-    "j200_tv": lambda f: median("jpeg_r50_torchvision_40k_1xh200.jsonl", "img_per_s"),
-    "j200_tv_pct": lambda f: 100 * f["j200_tv"] / f["j200_dummy"],
-    "j200_tv_last": lambda f: records("jpeg_r50_torchvision_40k_1xh200.jsonl")[-1]["img_per_s"],
-    **per((1, 2), "jsc_{}", lambda n: median(f"jpeg_gpu_decode_{n}xh200.jsonl", "img_per_s")),
-    "jsc_2_eff": lambda f: eff(f, "jsc_2", "jsc_1", 2),
+    # fed step per prefetch configuration, 8 or 32 hardware queues (BC, BT: medians of the repetitions)
+    **{
+        f"bc{q}_{d}_{t}": (
+            lambda f, q=q, d=d, t=t: final(BC, q == 32)[f"{DECODERS[d]}: fed ms/step, {t} thread(s)"]["median"]
+        )
+        for q in (8, 32)
+        for d in ("tv", "nv")
+        for t in (1, 2, 3)
+    },
+    **per((8, 32), "bc{}_resident", lambda q: final(BC, q == 32)["resident ms"]["median"]),
+    **per(
+        (8, 32),
+        "bt{}_tv_wait",
+        lambda q: final(BT, q == 32)["torchvision: profiled window"]["wait ms (median, max, n)"][0],
+    ),
+    **per(
+        (8, 32),
+        "bt{}_nv_wait",
+        lambda q: final(BT, q == 32)["nvimgcodec: profiled window"]["wait ms (median, max, n)"][0],
+    ),
+    **per(
+        (8, 32),
+        "bt{}_tv_busy",
+        lambda q: 100 * final(BT, q == 32)["torchvision: profiled window"]["training stream busy fraction"],
+    ),
+    **per(
+        (8, 32), "bt{}_tv_prof", lambda q: final(BT, q == 32)["torchvision: profiled fed ms/step (default prefetch)"]
+    ),
+    "bt8_tv_idle": lambda f: 100 - f["bt8_tv_busy"],
+    "jpeg_tv_gap": lambda f: 100 - f["jpeg_tv_share"],
     # one GpuTransform call behind queued kernels, with 8 and 32 hardware queues (jpeg_decode_hwqueues_4xh200host.log)
     **per(HWQ, "hq8_{}", lambda k: hwqueues(8)[HWQ[k]]),
     **per(HWQ, "hq32_{}", lambda k: hwqueues(32)[HWQ[k]]),
@@ -426,7 +481,7 @@ Headline speed (each against a baseline measured in the same run where one is na
 - **ResNet-50 weak scaling**, batch 256 per GPU, bf16 + channels_last: {rn50_e2_eff:.1f}% per GPU on 2 H100s and
   {rn50_e4_eff:.1f}% on 4 (eager); {rn50_c4_eff:.1f}% on 4 with `--compile` ({rn50_c4:,.0f} img/s). On one H200 in fp32
   the script runs at {rn50_fp32_ratio:.0f}% of a bare training step ({rn50_fp32_script:,.0f} img/s).
-- **Real JPEGs**, ImageNet-sized, one H100: `--gpu-decode` trains ResNet-50 at **{jpeg_tv_img_per_s:,.0f} img/s**
+- **Real JPEGs**, ImageNet-sized, one H200: `--gpu-decode` trains ResNet-50 at **{jpeg_tv_img_per_s:,.0f} img/s**
   ({jpeg_tv_share:.0f}% of `--dummy`), {jpeg_tv_x:.1f}× the pytorch/examples configuration on the same files.
 - **CIFAR-10**, one H100: `--gpu-data` reaches {cg_20:.1f}% in {cg_s:.1f} s (20 epochs), the DataLoader path
   {cl_20:.1f}% in {cl_s:.1f} s.
@@ -458,75 +513,53 @@ with `CUDA_VISIBLE_DEVICES=0,1` and `2,3` (one world of 4). The baseline is the 
 | bf16 + channels_last + `--compile` | 4 | {rn50_c4:,.0f} | {rn50_c4_eff:.1f}% | [[rn50_bf16_cl_compile_4xh100.jsonl]] |
 """,
     "rn50-jpeg": """\
-Hardware: {H100_16}. Command: `python3 bench/benchmark.py --only jpeg --jpeg-images 12800 --out /tmp/jb`, which
-writes 12,800 + 512 ImageNet-sized JPEGs (500×375, quality 90, texture at six scales, 100 KB on average) and
-trains one epoch of ResNet-50 on them with each data path, one after the other in the same run (batch 256; the
-exact command of each row is in the log: [[{JPEG}]], console [[jpeg_decode_paths_1xh100.log]]). CPU cores busy is
-the processes' CPU time over wall time; SM and JPEG-engine use are NVML's, sampled during the run.
+Hardware: {H200}. Command: `python3 bench/benchmark.py --only jpeg --no-jpeg-profile --out /tmp/jb`, which writes
+20,480 + 512 ImageNet-sized JPEGs (500×375, quality 90, texture at six scales, 100 KB on average) and trains one
+epoch of ResNet-50 (80 steps of 256) with each data path, one after the other in the same run. img/s is the median of
+the 10-step windows after the first two; the exact command of each row is in [[{JPEG}]] (console
+[[jpeg_decode_paths_1xh200.log]]). CPU cores busy is the processes' CPU time over wall time; SM and JPEG-engine use
+are NVML's, sampled during the run.
 
 | data path | img/s | of `--dummy` | CPU cores busy | SM busy | JPEG engines busy |
 |---|---|---|---|---|---|
-| `--dummy` (no data path), bf16 + channels_last + `--compile`: the ceiling | {jpeg_dummy:,.0f} | 100% | {jpeg_dm_cpu_cores:.1f} | {jpeg_dm_sm_util:.0f}% | — |
-| `--gpu-decode` (torchvision `decode_jpeg(device="cuda")`, the default), `-j 8`, same precision | **{jpeg_tv_img_per_s:,.0f}** | {jpeg_tv_share:.0f}% | {jpeg_tv_cpu_cores:.1f} | {jpeg_tv_sm_util:.0f}% | {jpeg_tv_jpg_util:.0f}% |
-| `--gpu-decode --gpu-decoder nvimgcodec` (nvImageCodec, hardware decoder), `-j 8` | {jpeg_nv_img_per_s:,.0f} | {jpeg_nv_share:.0f}% | {jpeg_nv_cpu_cores:.1f} | {jpeg_nv_sm_util:.0f}% | {jpeg_nv_jpg_util:.0f}% |
-| Pillow DataLoader, 16 workers, same precision | {jpeg_pl_img_per_s:,.0f} | {jpeg_pl_share:.0f}% | {jpeg_pl_cpu_cores:.1f} | {jpeg_pl_sm_util:.0f}% | — |
+| `--dummy` (no data path), bf16 + channels_last + `--compile`: the ceiling | {jpeg_dm_img_per_s:,.0f} | 100% | {jpeg_dm_cpu_cores:.1f} | {jpeg_dm_sm_util:.0f}% | — |
+| `--gpu-decode` (torchvision `decode_jpeg(device="cuda")`, the default), `-j 8`, same precision | **{jpeg_tv_img_per_s:,.0f}** | **{jpeg_tv_share:.0f}%** | {jpeg_tv_cpu_cores:.1f} | {jpeg_tv_sm_util:.0f}% | {jpeg_tv_jpg_util:.0f}% |
+| `--dummy`, CUDA graphs (`--compile-mode reduce-overhead`) | {jpeg_dg_img_per_s:,.0f} | {jpeg_dg_share:.0f}% | {jpeg_dg_cpu_cores:.1f} | {jpeg_dg_sm_util:.0f}% | — |
+| `--gpu-decode`, CUDA graphs | {jpeg_tg_img_per_s:,.0f} | {jpeg_tg_share:.0f}% | {jpeg_tg_cpu_cores:.1f} | {jpeg_tg_sm_util:.0f}% | {jpeg_tg_jpg_util:.0f}% |
+| `--gpu-decode --gpu-decoder nvimgcodec` (hardware decoders), CUDA graphs | {jpeg_ng_img_per_s:,.0f} | {jpeg_ng_share:.0f}% | {jpeg_ng_cpu_cores:.1f} | {jpeg_ng_sm_util:.0f}% | {jpeg_ng_jpg_util:.0f}% |
+| Pillow DataLoader, 16 workers, bf16 + channels_last + `--compile` | {jpeg_pl_img_per_s:,.0f} | {jpeg_pl_share:.0f}% | {jpeg_pl_cpu_cores:.1f} | {jpeg_pl_sm_util:.0f}% | — |
 | pytorch/examples `main.py` configuration: Pillow on 16 workers, fp32, eager: the user's baseline | {jpeg_ex_img_per_s:,.0f} | {jpeg_ex_share:.0f}% | {jpeg_ex_cpu_cores:.1f} | {jpeg_ex_sm_util:.0f}% | — |
 
-`--gpu-decode` is {jpeg_tv_x:.1f}× the pytorch/examples configuration on the same files ({jpeg_nv_x:.1f}× with
-nvImageCodec); `--dummy` itself is {jpeg_dm_x:.1f}× it, the most any data path can reach on this GPU. Both decoders'
-pixels match Pillow's (mean absolute difference on 36 files: nvImageCodec 0.04 of a level, torchvision 1.7).
+`--gpu-decode` is {jpeg_tv_x:.2f}× the pytorch/examples configuration on the same files; `--dummy` itself is
+{jpeg_dm_x:.2f}× it, the most any data path can reach on this GPU. Both decoders' pixels match Pillow's (largest
+mean absolute difference over 36 files: torchvision {px_tv:.1f} levels, nvImageCodec {px_nv:.2f}).
 
-**Where the rest goes.** The same run profiles each decoder in-process: a compiled step fed by the real pipeline
-against the same step on a resident batch ([[jpeg_decode_nvimgcodec_profile_1xh100.txt]],
-[[jpeg_decode_torchvision_profile_1xh100.txt]]). The GPU work is not the limit: per step the training stream runs
-44.8 ms of kernels and decoding, crops and resizes about 7 ms on the other streams (the summaries divide the
-kernels of 11 profiled steps by 8: multiply their per-stream figures by 8/11), against 46.6 ms for the resident
-batch. The wait is: one `GpuTransform` call on a 256-image batch takes 40 ms of host time on an idle GPU with
-nvImageCodec (33 ms with torchvision) but 308 ms (305 ms) behind 180 queued matmuls on another stream, so
-decoding a batch finishes only after the training kernels launched before it, whichever decoder (most likely
-because each decoder's own kernels, such as nvImageCodec's per-image colour conversion, queue behind them and
-`decode()` returns only after they ran). The next batch is then late when a step ends, and the GPU idles. Fed steps took 84.1 ms with one prefetch thread, 76.8 ms
-with two (the default for nvImageCodec), 94.0 ms with three and 106.5 ms with two at high stream priority
-(nvImageCodec; torchvision: 74.2 ms with one, 77.7 ms with two). Pinned file bytes (nvImageCodec reads them in
-place, so its host-to-device copies are queued DMA instead of staged copies) took a step from 84.9 ms to 71.3 ms
-in an earlier in-process comparison on the same machine type ([[jpeg_decode_overlap_variants_1xh100.log]]), where
-torchvision's step took 58.5 ms and the resident batch's 46.1 ms; torchvision's rate varies that much between
-runs. nvImageCodec's region-of-interest decode (only each crop's box) sent every image to the CPU decoder there
-(`counts: cpu`), so crops are decoded whole.
-""",
-    "rn50-jpeg-h200": """\
-Hardware: {H200}. The same 100 KB JPEGs, 40,960 of them, one epoch (160 steps) per path, one path after the other:
-`imagenet/train.py DIR -a resnet50 -b 256 --epochs 1 -p 10 -j 8 --amp bf16 --channels-last --compile --gpu-decode`,
-and the same with `--dummy --dummy-sizes 40960 512` as the ceiling. Median of the 10-step windows after the first two.
+**The crops.** `GpuTransform` crops, resizes (antialiased bilinear), flips and normalizes a whole batch in one
+Triton kernel (`imagenet/crop_resize.py`). In-process on the same kind of GPU ([[jpeg_batched_resize_1xh200.log]],
+script [[jpeg_batched_resize.py]]), that stage takes {br_tv_batched_gpu:.1f} ms of GPU time and {br_tv_batched_host:.1f} ms of host
+time per batch of 256 decoded images, against {br_tv_per_image_gpu:.1f} and {br_tv_per_image_host:.1f} ms for torch's resize called per
+image (two or three kernels each), with outputs equal within {br_diff:.0e} (the fed step's top kernels:
+[[jpeg_batched_resize_profile_torchvision_1xh200.txt]], [[jpeg_batched_resize_profile_nvimgcodec_1xh200.txt]]). While it trains on fed batches, the
+training stream runs {br_tv_stream:.1f} ms of kernels per step, as on a resident batch ({br_resident:.1f} ms wall): the data
+path no longer slows the training kernels down.
 
-| data path | img/s | of `--dummy` | log |
-|---|---|---|---|
-| `--dummy` | {j200_dummy:,.0f} | 100% | [[jpeg_r50_dummy_40k_1xh200.jsonl]] |
-| `--gpu-decode` (torchvision) | **{j200_tv:,.0f}** | {j200_tv_pct:.0f}% | [[jpeg_r50_torchvision_40k_1xh200.jsonl]] |
+**Where the remaining {jpeg_tv_gap:.0f}% goes.** Not to waiting for data: in a profiled window the training loop waits
+{bt8_tv_wait:.1f} ms (median) for each batch ([[jpeg_batched_timeline_1xh200.log]], script [[jpeg_batched_timeline.py]]).
+The training stream sits idle between kernels, and each kernel starts as soon as the call that launches it returns
+([[jpeg_batched_timeline_gaps_1xh200.log]], script [[jpeg_batched_timeline_gaps.py]]): the GPU waits for the Python threads that launch the forward and backward
+passes, which share the interpreter with the decoding threads (under the profiler, which slows every launch, those
+gaps are {bt8_tv_idle:.0f}% of the window). CUDA graphs remove those launches but made the fed step slower
+({jpeg_tg_img_per_s:,.0f} against {jpeg_tv_img_per_s:,.0f} img/s) while `--dummy` stayed the same. The likely cause is the one
+measured for a decode behind queued matmuls: it waits for work queued before it on the same hardware queue
+({hq8_tv_busy:.0f} ms instead of {hq8_tv_idle:.0f} ms idle, {hq32_tv_busy:.0f} ms with `CUDA_DEVICE_MAX_CONNECTIONS=32`;
+[[jpeg_decode_hwqueues_4xh200host.log]]), and a graph replay is one long piece of queued work. Without graphs, 32
+hardware queues did not make the fed step reliably faster (median {bc8_tv_1:.1f} ms with 8 and {bc32_tv_1:.1f} ms with 32,
+one prefetch thread, resident {bc8_resident:.1f} ms; repetitions spread by several ms; [[jpeg_batched_connections_1xh200.log]],
+script [[jpeg_batched_connections.py]]); with graphs they are not measured.
 
-The decode path's windows climb through the epoch (the last: {j200_tv_last:,.0f} img/s); the median is the figure.
-Weak scaling, `bash bench/reproduce.sh jpeg-scaling --gpus 2` (20,480 JPEGs: 80 steps on 1 GPU, 40 on 2) on a 4-GPU
-H200 host with 64 CPU cores, whose two other GPUs trained CIFAR-10 models at the same time: 1 GPU
-{jsc_1:,.0f} img/s, 2 GPUs {jsc_2:,.0f} img/s, **{jsc_2_eff:.0f}%** per GPU ([[jpeg_gpu_decode_1xh200.log]],
-[[jpeg_gpu_decode_2xh200.log]]). That is short of 97%: the 2-GPU epoch holds only 8 windows, and the 1-GPU run's
-first windows shared the CPUs with a CIFAR run decoding its JPEGs, so this pair bounds the scaling loosely; a
-longer run on an idle host would pin it down.
-
-**Why a decode waits for the training, and why that is not the limit.** An in-process experiment on one H200 of a
-4-GPU host (4,096 of the same JPEGs, compiled bf16 ResNet-50, batch 256; [[jpeg_decode_hwqueues_4xh200host.log]],
-script [[jpeg_decode_hwqueues_4xh200host.py]]) times one `GpuTransform` call on an idle GPU and behind 180 queued
-matmuls. With CUDA's default of 8 hardware queues, the call takes {hq8_tv_idle:.0f} ms idle and {hq8_tv_busy:.0f} ms
-behind the matmuls with torchvision ({hq8_nv_idle:.0f} and {hq8_nv_busy:.0f} ms with nvImageCodec), and still
-{hq8_tv_busy_nb:.0f} ms ({hq8_nv_busy_nb:.0f} ms) when the matmuls run on a non-blocking stream: the legacy default
-stream is not the cause. With `CUDA_DEVICE_MAX_CONNECTIONS=32` the same calls take {hq32_tv_busy:.0f} and
-{hq32_nv_busy:.0f} ms behind the matmuls: the wait was a false dependency between streams that CUDA had mapped to the
-same hardware queue. The fed step does not get faster with it, though: {hq8_tv_fed:.1f} ms with 8 queues and
-{hq32_tv_fed:.1f} ms with 32 (torchvision, one prefetch thread; nvImageCodec: {hq8_nv_fed1:.1f} and {hq32_nv_fed1:.1f} ms
-with one thread, {hq8_nv_fed:.1f} and {hq32_nv_fed:.1f} ms with two), against {hq8_resident:.1f} ms on a resident
-batch. Prefetching two batches ahead already hides that wait, so the scripts leave the queue count alone; the remaining {hq8_tv_fed_gap:.0f} ms per step are the data
-path's own work on the GPU and the host (crops, resizes and colour conversion on the SMs beside the training kernels,
-and the Python thread that launches them sharing the interpreter with the training loop), which this experiment does
-not separate.
+**nvImageCodec** decodes on the JPEG engines, yet its fed step is slower than torchvision's ({bc8_nv_1:.1f} ms with one
+prefetch thread, {bc8_nv_2:.1f} with two), and its region-of-interest decode (only each crop's box) sent every image to
+the CPU decoder in an earlier test ([[jpeg_decode_overlap_variants_1xh100.log]]), so crops are decoded whole.
 """,
     "cifar-recipes": """\
 Three recipes, each with `C="cifar_resnet/train.py --data-dir /tmp/c --val-split 5000 --gpu-data --compile -b 512 -j

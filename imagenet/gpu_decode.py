@@ -323,10 +323,11 @@ class GpuTransform:
 
     Training (``resize_size=None``): crop each image to its box, resize to crop_size², flip where drawn.
     Evaluation: resize the shorter side to ``resize_size``, keep the centre crop_size² (T.Resize + T.CenterCrop).
+    Both are one ``crop_resize`` call per batch (one Triton kernel on a GPU).
     ``decoder``: "torchvision" or "nvimgcodec" (see the module's docstring); ``self.counts``: how many images
     each of hw (nvImageCodec's hardware decoder), cuda (nvJPEG through either) and cpu decoded.
-    Per batch it copies no constants and makes no host sync of its own, but decoding blocks the calling thread
-    (see ``prefetch``): call it through ``prefetch``.
+    Per batch it makes no host sync of its own (the kernel's per-image table goes by pinned, queued copy), but
+    decoding blocks the calling thread (see ``prefetch``): call it through ``prefetch``.
     """
 
     def __init__(
@@ -347,9 +348,9 @@ class GpuTransform:
         if decoder == "nvimgcodec" and self.device.type != "cuda":
             raise UserError("--gpu-decoder nvimgcodec needs a CUDA device (torchvision's decodes on the CPU too)")
         self.decoder, self.counts, self.lock = decoder, Counter(), threading.Lock()
-        # prefetch threads. One H100, compiled ResNet-50: nvImageCodec's step took 84.1 ms with one, 76.8 with two
-        # (one decodes without the GIL while the other launches crops), 94.0 with three; torchvision's 74.2 with
-        # one, 77.7 with two (its decode waits for an idle device either way)
+        # prefetch threads: with the batched crop kernel, one or two made no clear difference to a fed step on an
+        # H200 (docs/runs/jpeg_batched_connections_1xh200.log, jpeg_batched_timeline_1xh200.log); two let one thread
+        # decode without the GIL while the other launches the crops of the batch before it
         self.threads = 2 if decoder == "nvimgcodec" else 1
         self.nvdec = nvimgcodec_decoders(self.device) if decoder == "nvimgcodec" else None
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
