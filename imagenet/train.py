@@ -365,7 +365,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
             model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True
         )
     # --compile-mode reduce-overhead replays the forward and backward as CUDA graphs: a step costs the host almost
-    # nothing to launch, which matters when --gpu-decode's threads share the GIL with the training loop
+    # nothing to launch. With --gpu-decode it measured slower (BENCHMARKS.md): the decode waits behind each replay.
     train_model = torch.compile(model, mode=args.compile_mode) if args.compile else model
     ema = None
     if args.ema_decay > 0:  # updated on every rank from the same weights; BN buffers are synced before eval
