@@ -3,14 +3,15 @@ horizontal flip, normalization and memory layout, for every image of the batch i
 
 Per image, torch would take two or three launches (a uint8-to-float copy of the crop, the resize, later a flip), each
 a few microseconds of GPU time too short to fill the GPU, and about 20 us of Python on the thread that launches it:
-for a batch of 256 that was ~770 small kernels and 10 ms of host time beside every training step. The arithmetic is
+for a batch of 256, ~770 small kernels and 10 ms of host time beside every training step. The arithmetic is
 torch's ``F.interpolate(mode="bilinear", antialias=True, align_corners=False)``, itself a port of Pillow's resize:
 output pixel i samples the input around ``center = scale * (i + 0.5)`` with a triangle filter widened by the scale
-when shrinking, and its weights are normalized to sum to 1. Float32 throughout, no rounding to uint8 (as before).
+when shrinking, and its weights are normalized to sum to 1. Float32 throughout, no rounding to uint8.
 
-The images lie end to end in one uint8 buffer, each (3, H, W) planar RGB. Each image's row of ``meta`` says where it
-is and what to make of it (see ``crop_resize``). Without a GPU (the tests), Triton's interpreter runs the same kernel
-on CPU tensors, one call at a time (it patches ``triton.language`` while it runs).
+The kernel reads the images end to end in one uint8 buffer, each (3, H, W) planar RGB; each image's row of ``meta``
+says where it is and what to make of it (see ``crop_resize``). On a CPU device ``crop_resize`` calls torch's resize
+per image instead. The tests run the kernel on CPU tensors too, in Triton's interpreter, one call at a time (it
+patches ``triton.language`` while it runs).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import itertools
 import threading
 
 import torch
+
+from common.errors import UserError
 
 try:
     import triton
@@ -144,7 +147,9 @@ def crop_resize(
             row.copy_((x.flip(-1) if flip else x) * scale_t + shift_t)
         return out
     offsets = itertools.accumulate((img.numel() for img in images), initial=0)
-    src = torch.cat([img.reshape(-1) for img in images])  # one flat buffer (nvImageCodec's images are in one already)
+    if triton is None:
+        raise UserError("--gpu-decode on a GPU needs Triton (pip install triton), which torch's CUDA builds bring")
+    src = torch.cat([img.reshape(-1) for img in images])  # one flat buffer
     rows = [(o, img.shape[1], img.shape[2], *g[:8], int(g[8]), taps(g[2], g[4]), taps(g[3], g[5]))
             for o, img, g in zip(offsets, images, geometry)]  # fmt: skip
     meta = torch.tensor(rows, dtype=torch.int64)
