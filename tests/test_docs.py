@@ -53,11 +53,11 @@ def test_readme_cpu_commands_run(quickstart):
     recs = [json.loads(line) for line in open(quickstart / "metrics.jsonl")]
     assert [r["count"] for r in recs if r["split"] == "val"] == [1000]  # once, at the end (after it: timings)
     cfg = json.loads((quickstart / "config.json").read_text())
-    assert (cfg["world_size"], cfg["launcher"], cfg["backend"], cfg["global_batch"]) == (2, "torchrun", "gloo", 64)
+    assert (cfg["world_size"], cfg["launcher"], cfg["backend"], cfg["global_batch"]) == (2, "torchrun", "gloo", 32)
     ckpt = torch.load(quickstart / "last.pt", weights_only=True)
-    assert ckpt["step"] == 20 and not any(k.startswith(("module.", "_orig_mod.")) for k in ckpt["model"])
+    assert ckpt["step"] == 10 and not any(k.startswith(("module.", "_orig_mod.")) for k in ckpt["model"])
     train = [r for r in recs if r["split"] == "train"]
-    assert [r["step"] for r in train] == [5, 10, 15, 20] and all(r["img_per_s"] > 0 and r["loss"] > 0 for r in train)
+    assert [r["step"] for r in train] == [5, 10] and all(r["img_per_s"] > 0 and r["loss"] > 0 for r in train)
 
 
 def test_copy_as_template_runs_unchanged(tmp_path):

@@ -413,11 +413,12 @@ def test_tiny_model_learns_synthetic_translation(tmp_path):
 @pytest.fixture(scope="module")
 def ddp_runs(tmp_path_factory):
     """A local de->en corpus (.gz and plain files), trained by 2 gloo processes: uninterrupted to step 18 (shared
-    with test_fault.py), and in two legs (to step 5, mid-epoch, then the same command to 18, past an epoch end)."""
+    with test_fault.py), and in two legs (to step 5, mid-epoch, then the same command to 18, past an epoch end). The
+    legs load in the main process (-j 0), the uninterrupted run in a DataLoader worker: the result must not differ."""
     full, data = transformer_reference(tmp_path_factory), transformer_corpus(tmp_path_factory)
     legs = tmp_path_factory.mktemp("legs")
-    torchrun(2, *transformer_ddp_cmd(data, legs, "--max-steps", "5"), timeout=180)
-    resumed = torchrun(2, *transformer_ddp_cmd(data, legs), timeout=180)
+    torchrun(2, *transformer_ddp_cmd(data, legs, "--max-steps", "5", "-j", "0"), timeout=180)
+    resumed = torchrun(2, *transformer_ddp_cmd(data, legs, "-j", "0"), timeout=180)
     return dict(full=full, legs=legs, splits=synthetic_corpus(1, (400, 30, 21)), resumed=resumed)
 
 
