@@ -10,6 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+# Runs in this process (a script's entry point called by a test) use one thread, like every subprocess (run() sets
+# OMP_NUM_THREADS=1): two pytest workers share the cores, and threads that wait for a busy core only burn CPU. Set
+# before numpy or torch start their thread pools.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import numpy as np
 import pytest
 

@@ -3,6 +3,7 @@
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -108,16 +109,18 @@ def test_wandb_offline_and_run_id_reused_on_resume(tmp_path):
     assert len(runs) == 2 and all(r.endswith(first) for r in runs), runs
 
 
-def test_wandb_missing_is_one_line(tmp_path):
-    shim = tmp_path / "shim/wandb"
-    shim.mkdir(parents=True)
-    (shim / "__init__.py").write_text("raise ImportError('No module named wandb')\n")
-    p = run(
-        [*TINY_CIFAR, "--max-steps", "1", "--output-dir", tmp_path / "o", "--wandb"],
-        env={"PYTHONPATH": str(tmp_path / "shim")},
-        check=False,
+def test_wandb_missing_is_one_line(tmp_path, monkeypatch, capsys):
+    """The script's entry point in this process, with `import wandb` failing as where it is not installed."""
+    import cifar_resnet.train as train
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # None in sys.modules: the import raises ImportError
+    monkeypatch.setattr(
+        sys, "argv", [*map(str, TINY_CIFAR[1:]), "--max-steps", "1", "--output-dir", str(tmp_path), "--wandb"]
     )
+    with pytest.raises(SystemExit) as e:
+        train.run_cli(train.cli)
+    err = capsys.readouterr().err
     assert (
-        p.returncode == 2
-        and p.stderr.strip() == "error: --wandb needs the wandb package (pip install wandb), or drop --wandb"
+        e.value.code == 2
+        and err.strip() == "error: --wandb needs the wandb package (pip install wandb), or drop --wandb"
     )

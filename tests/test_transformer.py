@@ -387,14 +387,19 @@ def test_hf_column_layouts(tmp_path):
 # ------------------------------------------------------------------ learning
 
 
-def test_tiny_model_learns_synthetic_translation(tmp_path):
+def train_in_process(monkeypatch, *args):
+    """transformer/train.py's entry point in this process (1 process, no launcher): no start-up of its own."""
+    import transformer.train as train
+
+    monkeypatch.setattr(sys, "argv", [TRAIN, *map(str, args)])
+    train.run_cli(train.cli)
+
+
+def test_tiny_model_learns_synthetic_translation(tmp_path, monkeypatch):
     out = tmp_path / "run"
-    run(
-        [PY, TRAIN, "--synthetic", "--preset", "tiny", "--max-tokens", "1024", "--pack-len", "64",
-         "--accum-steps", "2", "--lr", "3e-3", "--warmup-steps", "50", "--max-steps", "200", "--eval-every", "1000",
-         "-j", "0", "--output-dir", out],
-        timeout=240,
-    )  # fmt: skip
+    train_in_process(monkeypatch, "--synthetic", "--preset", "tiny", "--max-tokens", "1024", "--pack-len", "64",
+                     "--accum-steps", "2", "--lr", "3e-3", "--warmup-steps", "50", "--max-steps", "200",
+                     "--eval-every", "1000", "-j", "0", "--output-dir", out)  # fmt: skip
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     val = [r for r in records if r["split"] == "val"]
     assert val[-1]["step"] == 200 and val[-1]["bleu"] >= 90, val
@@ -484,12 +489,12 @@ def all_records(out):
 
 
 @pytest.mark.slow
-def test_two_processes_equal_one_with_twice_the_micro_batches(eager_ddp, tmp_path):
+def test_two_processes_equal_one_with_twice_the_micro_batches(eager_ddp, tmp_path, monkeypatch):
     """DDP: 2 processes of 2 micro-batches a step train the same parameters as 1 process of 4, since both deal the
     same rows to each micro-batch and each step (dropout 0: its masks are seeded per rank). Same micro-batches: only
     the order of the gradient sums differs, which Adam amplifies where a gradient is about 0."""
-    one = [*DDP_ARGS, "--accum-steps", "4", "--max-tokens", "512", "--eval-every", "0", "--output-dir", tmp_path]
-    run([PY, *one], timeout=180)
+    one = [*DDP_ARGS[1:], "--accum-steps", "4", "--max-tokens", "512", "--eval-every", "0", "--output-dir", tmp_path]
+    train_in_process(monkeypatch, *one)  # the single process: in this process
     two, one = (torch.load(d / "last.pt", weights_only=True)["model"] for d in (eager_ddp, tmp_path))
     tiny = {**PRESETS["tiny"], "enc_layers": 1, "dec_layers": 1}
     start = Transformer(ModelConfig(vocab_size=two["embed.weight"].shape[0], **tiny)).state_dict()
