@@ -28,9 +28,9 @@ PY = sys.executable
 # module's fixtures run once, except test_fault.py: its CIFAR runs and its other-script runs share no fixture, so they
 # are two groups, and its peer-failure tests go one by one. An uninterrupted reference run that tests in several files
 # compare with (see shared) is made by whichever group needs it first; a group that needs it meanwhile waits.
-SLOWEST_FIRST = ["test_imagenet.py", "test_transformer.py", "test_fault.py::cifar", "test_cifar.py",
-                 "test_launchers.py", "test_fault.py::other", "test_slurm.py", "test_docs.py", "test_ddp.py",
-                 "test_bench.py", "test_watchdog.py", "test_checkpoint.py"]  # fmt: skip
+SLOWEST_FIRST = ["test_imagenet.py", "test_cifar.py", "test_fault.py::cifar", "test_transformer.py",
+                 "test_launchers.py", "test_fault.py::other", "test_slurm.py", "test_bench.py", "test_docs.py",
+                 "test_watchdog.py", "test_ddp.py", "test_checkpoint.py"]  # fmt: skip
 
 
 def group(item) -> str:
