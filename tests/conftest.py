@@ -10,6 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+# Runs in this process (a script's entry point called by a test) use one thread, like every subprocess (run() sets
+# OMP_NUM_THREADS=1): two pytest workers share the cores, and threads that wait for a busy core only burn CPU. Set
+# before numpy or torch start their thread pools.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import numpy as np
 import pytest
 
@@ -18,13 +23,14 @@ PY = sys.executable
 
 
 # `pytest -n auto` (pytest-xdist, --dist loadgroup in pyproject.toml) hands out groups of tests, one per free
-# worker, slowest first so that none is left running alone at the end. A group is a file, so that a module's
-# fixtures run once, except test_fault.py: its CIFAR runs and its other-script runs share no fixture, so they are
-# two groups, and its peer-failure tests go one by one. An uninterrupted reference run that tests in several files
+# worker, slowest first so that none is left running alone at the end (--no-loadscope-reorder in pyproject.toml keeps
+# this order: xdist would otherwise hand out the groups with the most tests first). A group is a file, so that a
+# module's fixtures run once, except test_fault.py: its CIFAR runs and its other-script runs share no fixture, so they
+# are two groups, and its peer-failure tests go one by one. An uninterrupted reference run that tests in several files
 # compare with (see shared) is made by whichever group needs it first; a group that needs it meanwhile waits.
-SLOWEST_FIRST = ["test_imagenet.py", "test_transformer.py", "test_fault.py::cifar", "test_fault.py::other",
-                 "test_cifar.py", "test_launchers.py", "test_docs.py", "test_slurm.py", "test_bench.py",
-                 "test_watchdog.py", "test_checkpoint.py", "test_ddp.py"]  # fmt: skip
+SLOWEST_FIRST = ["test_imagenet.py", "test_cifar.py", "test_fault.py::cifar", "test_transformer.py",
+                 "test_launchers.py", "test_fault.py::other", "test_slurm.py", "test_bench.py", "test_docs.py",
+                 "test_watchdog.py", "test_ddp.py", "test_checkpoint.py"]  # fmt: skip
 
 
 def group(item) -> str:

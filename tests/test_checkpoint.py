@@ -1,5 +1,6 @@
 """Checkpoints: round trip, prefix stripping, atomic writes under SIGKILL, clear errors, safe loading."""
 
+import contextlib
 import os
 import pickle
 import random
@@ -154,21 +155,31 @@ def test_keep_last_bounds_periodic_copies(tmp_path):
 
 
 def test_sigkill_during_save_never_breaks_last_pt(tmp_path):
-    """SIGKILL a process that saves a 32 MB checkpoint in a loop, at random moments, repeatedly."""
+    """SIGKILL a process that saves a 32 MB checkpoint in a loop, at random moments, repeatedly (6 savers, forked
+    by one helper process that imports torch once)."""
     rnd = random.Random(0)
-    last_step = 0
-    for _ in range(6):
-        proc = subprocess.Popen(
-            [PY, str(REPO / "tests/helpers/save_loop.py"), str(tmp_path)], stdout=subprocess.PIPE, text=True
-        )
-        proc.stdout.readline()  # at least one complete save
-        time.sleep(rnd.uniform(0.0, 0.4))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        ckpt = load_checkpoint(tmp_path / "last.pt")  # must always load
-        assert ckpt["model"]["w"][0].item() == ckpt["step"] >= 1
-        last_step = ckpt["step"]
-    assert last_step >= 1
+    pipe = subprocess.PIPE
+    helper = [PY, str(REPO / "tests/helpers/save_loop.py"), str(tmp_path)]
+    pid = None
+    with subprocess.Popen(helper, stdin=pipe, stdout=pipe, text=True) as proc:
+        try:
+            for _ in range(6):
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+                pid = int(proc.stdout.readline().split()[0])  # at least one complete save
+                time.sleep(rnd.uniform(0.0, 0.4))
+                os.kill(pid, signal.SIGKILL)
+                for line in proc.stdout:  # the saver's last lines, then its end
+                    if line.strip() == "dead":
+                        break
+                pid = None
+                ckpt = load_checkpoint(tmp_path / "last.pt")  # must always load
+                assert ckpt["model"]["w"][0].item() == ckpt["step"] >= 1
+        finally:
+            for p in (pid, proc.pid):  # on a failure, neither the saver nor the helper outlives the test
+                if p is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(p, signal.SIGKILL)
 
 
 def test_malicious_checkpoint_refused_by_resume_and_translate(tmp_path):

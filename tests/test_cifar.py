@@ -52,7 +52,7 @@ def check_run(out, world_size, steps):
 def test_torchvision_pickle_format(tmp_path):
     data = make_cifar_pickles(tmp_path / "data", n_train=50, n_test=21)
     out = tmp_path / "out"
-    torchrun(2, "cifar_resnet/train.py", "--data-dir", data, "--epochs", "1", "-j", "1", "--output-dir", out, *TINY)
+    torchrun(2, "cifar_resnet/train.py", "--data-dir", data, "--epochs", "1", "-j", "0", "--output-dir", out, *TINY)
     recs = check_run(out, 2, 6)  # 50 images / 2 ranks / batch 4 = 6 steps
     assert [r["count"] for r in recs if r["split"] == "test"] == [21]
 

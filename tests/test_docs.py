@@ -3,6 +3,7 @@
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,11 +54,11 @@ def test_readme_cpu_commands_run(quickstart):
     recs = [json.loads(line) for line in open(quickstart / "metrics.jsonl")]
     assert [r["count"] for r in recs if r["split"] == "val"] == [1000]  # once, at the end (after it: timings)
     cfg = json.loads((quickstart / "config.json").read_text())
-    assert (cfg["world_size"], cfg["launcher"], cfg["backend"], cfg["global_batch"]) == (2, "torchrun", "gloo", 64)
+    assert (cfg["world_size"], cfg["launcher"], cfg["backend"], cfg["global_batch"]) == (2, "torchrun", "gloo", 32)
     ckpt = torch.load(quickstart / "last.pt", weights_only=True)
-    assert ckpt["step"] == 20 and not any(k.startswith(("module.", "_orig_mod.")) for k in ckpt["model"])
+    assert ckpt["step"] == 10 and not any(k.startswith(("module.", "_orig_mod.")) for k in ckpt["model"])
     train = [r for r in recs if r["split"] == "train"]
-    assert [r["step"] for r in train] == [5, 10, 15, 20] and all(r["img_per_s"] > 0 and r["loss"] > 0 for r in train)
+    assert [r["step"] for r in train] == [5, 10] and all(r["img_per_s"] > 0 and r["loss"] > 0 for r in train)
 
 
 def test_copy_as_template_runs_unchanged(tmp_path):
@@ -108,16 +109,18 @@ def test_wandb_offline_and_run_id_reused_on_resume(tmp_path):
     assert len(runs) == 2 and all(r.endswith(first) for r in runs), runs
 
 
-def test_wandb_missing_is_one_line(tmp_path):
-    shim = tmp_path / "shim/wandb"
-    shim.mkdir(parents=True)
-    (shim / "__init__.py").write_text("raise ImportError('No module named wandb')\n")
-    p = run(
-        [*TINY_CIFAR, "--max-steps", "1", "--output-dir", tmp_path / "o", "--wandb"],
-        env={"PYTHONPATH": str(tmp_path / "shim")},
-        check=False,
+def test_wandb_missing_is_one_line(tmp_path, monkeypatch, capsys):
+    """The script's entry point in this process, with `import wandb` failing as where it is not installed."""
+    import cifar_resnet.train as train
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # None in sys.modules: the import raises ImportError
+    monkeypatch.setattr(
+        sys, "argv", [*map(str, TINY_CIFAR[1:]), "--max-steps", "1", "--output-dir", str(tmp_path), "--wandb"]
     )
+    with pytest.raises(SystemExit) as e:
+        train.run_cli(train.cli)
+    err = capsys.readouterr().err
     assert (
-        p.returncode == 2
-        and p.stderr.strip() == "error: --wandb needs the wandb package (pip install wandb), or drop --wandb"
+        e.value.code == 2
+        and err.strip() == "error: --wandb needs the wandb package (pip install wandb), or drop --wandb"
     )

@@ -387,14 +387,19 @@ def test_hf_column_layouts(tmp_path):
 # ------------------------------------------------------------------ learning
 
 
-def test_tiny_model_learns_synthetic_translation(tmp_path):
+def train_in_process(monkeypatch, *args):
+    """transformer/train.py's entry point in this process (1 process, no launcher): no start-up of its own."""
+    import transformer.train as train
+
+    monkeypatch.setattr(sys, "argv", [TRAIN, *map(str, args)])
+    train.run_cli(train.cli)
+
+
+def test_tiny_model_learns_synthetic_translation(tmp_path, monkeypatch):
     out = tmp_path / "run"
-    run(
-        [PY, TRAIN, "--synthetic", "--preset", "tiny", "--max-tokens", "1024", "--pack-len", "64",
-         "--accum-steps", "2", "--lr", "3e-3", "--warmup-steps", "50", "--max-steps", "200", "--eval-every", "1000",
-         "-j", "0", "--output-dir", out],
-        timeout=240,
-    )  # fmt: skip
+    train_in_process(monkeypatch, "--synthetic", "--preset", "tiny", "--max-tokens", "1024", "--pack-len", "64",
+                     "--accum-steps", "2", "--lr", "3e-3", "--warmup-steps", "50", "--max-steps", "200",
+                     "--eval-every", "1000", "-j", "0", "--output-dir", out)  # fmt: skip
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     val = [r for r in records if r["split"] == "val"]
     assert val[-1]["step"] == 200 and val[-1]["bleu"] >= 90, val
@@ -413,11 +418,12 @@ def test_tiny_model_learns_synthetic_translation(tmp_path):
 @pytest.fixture(scope="module")
 def ddp_runs(tmp_path_factory):
     """A local de->en corpus (.gz and plain files), trained by 2 gloo processes: uninterrupted to step 18 (shared
-    with test_fault.py), and in two legs (to step 5, mid-epoch, then the same command to 18, past an epoch end)."""
+    with test_fault.py), and in two legs (to step 5, mid-epoch, then the same command to 18, past an epoch end). The
+    legs load in the main process (-j 0), the uninterrupted run in a DataLoader worker: the result must not differ."""
     full, data = transformer_reference(tmp_path_factory), transformer_corpus(tmp_path_factory)
     legs = tmp_path_factory.mktemp("legs")
-    torchrun(2, *transformer_ddp_cmd(data, legs, "--max-steps", "5"), timeout=180)
-    resumed = torchrun(2, *transformer_ddp_cmd(data, legs), timeout=180)
+    torchrun(2, *transformer_ddp_cmd(data, legs, "--max-steps", "5", "-j", "0"), timeout=180)
+    resumed = torchrun(2, *transformer_ddp_cmd(data, legs, "-j", "0"), timeout=180)
     return dict(full=full, legs=legs, splits=synthetic_corpus(1, (400, 30, 21)), resumed=resumed)
 
 
@@ -483,12 +489,12 @@ def all_records(out):
 
 
 @pytest.mark.slow
-def test_two_processes_equal_one_with_twice_the_micro_batches(eager_ddp, tmp_path):
+def test_two_processes_equal_one_with_twice_the_micro_batches(eager_ddp, tmp_path, monkeypatch):
     """DDP: 2 processes of 2 micro-batches a step train the same parameters as 1 process of 4, since both deal the
     same rows to each micro-batch and each step (dropout 0: its masks are seeded per rank). Same micro-batches: only
     the order of the gradient sums differs, which Adam amplifies where a gradient is about 0."""
-    one = [*DDP_ARGS, "--accum-steps", "4", "--max-tokens", "512", "--eval-every", "0", "--output-dir", tmp_path]
-    run([PY, *one], timeout=180)
+    one = [*DDP_ARGS[1:], "--accum-steps", "4", "--max-tokens", "512", "--eval-every", "0", "--output-dir", tmp_path]
+    train_in_process(monkeypatch, *one)  # the single process: in this process
     two, one = (torch.load(d / "last.pt", weights_only=True)["model"] for d in (eager_ddp, tmp_path))
     tiny = {**PRESETS["tiny"], "enc_layers": 1, "dec_layers": 1}
     start = Transformer(ModelConfig(vocab_size=two["embed.weight"].shape[0], **tiny)).state_dict()
