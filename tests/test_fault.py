@@ -115,21 +115,21 @@ def restart_after_sigkill(cmd, out, at, restarts=1) -> list[int]:
     return [int(s) for s in re.findall(r"resumed from .*: epoch \d+, step (\d+),", log)]
 
 
-def test_preempted_run_continues_and_restarts_after_sigkill_bit_identical(data, reference, tmp_path):
-    """SIGTERM to a worker mid-epoch: the job saves and exits 75. The same command continues under torchrun
-    --max-restarts=2; SIGKILL rank 1 after its next checkpoint (mid-epoch): the group restarts from last.pt and
-    finishes. Both resumes together end bit-identical to the uninterrupted run."""
-    stopped = preempt(train_cmd(data, tmp_path), tmp_path, at=3)
-    assert 3 <= stopped < STEPS
-    resumed = restart_after_sigkill(train_cmd(data, tmp_path), tmp_path, at=stopped + 1, restarts=2)
-    assert len(resumed) == 2 and resumed[0] == stopped < resumed[1] < STEPS, resumed  # continued, then restarted
+def test_elastic_restart_after_sigkill_is_bit_identical(data, reference, tmp_path):
+    """torchrun --max-restarts=2: SIGKILL rank 1 mid-epoch; the group restarts from last.pt and finishes. (A fresh
+    run, not the continuation of a preempted one as for the other scripts: this run is too short to interrupt
+    twice reliably.)"""
+    resumed = restart_after_sigkill(train_cmd(data, tmp_path), tmp_path, at=6, restarts=2)  # epoch 1, batch 1 of 5
+    assert len(resumed) == 1 and 6 <= resumed[0] <= STEPS, resumed  # the final save can precede the kill
     assert_same_params(reference, torch.load(tmp_path / "last.pt", weights_only=True))
 
 
-@pytest.mark.parametrize("target,sig", [("launcher", signal.SIGTERM), ("worker", signal.SIGUSR2)])
+@pytest.mark.parametrize(
+    "target,sig", [("worker", signal.SIGTERM), ("launcher", signal.SIGTERM), ("worker", signal.SIGUSR2)]
+)
 def test_preemption_saves_exits_75_and_resumes(data, reference, tmp_path, target, sig):
-    """SIGTERM to torchrun (forwarded to the workers) or SIGUSR2 (Slurm's --signal) to a worker; SIGTERM to a worker
-    is in the test above."""
+    """SIGTERM to a worker, or to torchrun (which forwards it), or SIGUSR2 (Slurm's --signal) to a worker: every rank
+    stops at the same step, rank 0 saves, exit 75; the same command then finishes bit-identical."""
     stopped = preempt(train_cmd(data, tmp_path), tmp_path, at=3, target=target, sig=sig)
     assert 3 <= stopped < STEPS
     run(torchrun_cmd(*train_cmd(data, tmp_path)))  # the same command continues
@@ -219,7 +219,7 @@ def test_preemption_and_elastic_restart_other_scripts(name, other_reference, tmp
     stopped = preempt(cmd, out, at=4)
     assert 4 <= stopped < ref["step"]
     resumed = restart_after_sigkill(cmd, out, at=stopped + 1)
-    assert len(resumed) == 2 and resumed[0] == stopped < resumed[1] < ref["step"], resumed
+    assert len(resumed) == 2 and resumed[0] == stopped < resumed[1] <= ref["step"], resumed  # see the cifar test
     got = torch.load(out / "last.pt", weights_only=True)
     assert got["step"] == ref["step"]
     for k, v in ref["model"].items():
