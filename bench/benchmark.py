@@ -5,11 +5,10 @@
     python bench/benchmark.py --tiny --out o                  # CPU smoke mode (CI runs this so it cannot rot)
 
 All parts together take more than 10 minutes: on one H200 the two compiled ResNet-50 rows took about
-3 min and the transformer part about 4 min; on an H100 the jpeg part (--jpeg-images 15360) had made four of its five
-rows and the nvImageCodec profile after 455 s (--no-jpeg-profile saves about a minute). A compiled transformer `base`
-script run compiles for about a minute on an H100 (one static shape; 133 s for a 70-step run on Multi30k x 8).
-Run the parts separately (--only); bench/reproduce.sh runs them as BENCHMARKS.md reports them.
-With --jpeg-images 12800 the jpeg part's five rows and both decoders' profiles took 441 s on an H100.
+3 min, the transformer part about 4 min, and the jpeg part's seven rows 420 s with --no-jpeg-profile (each
+decoder's profile adds about half a minute). A compiled transformer `base` script run compiles for about a minute
+on an H100 (one static shape; 133 s for a 70-step run on Multi30k x 8). Run the parts separately (--only);
+bench/reproduce.sh runs them as BENCHMARKS.md reports them.
 
 Writes ``OUT/results.json`` and ``OUT/results.md``: device, GPU count, torch/CUDA versions, and for every row the
 exact command (script rows) or the baseline it is (bare rows). Each script row is measured in the same run as

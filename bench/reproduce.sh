@@ -4,8 +4,8 @@
 #   bash bench/reproduce.sh WORKLOAD [--gpus N] [--out DIR]
 #
 #   rn50         ResNet-50 --dummy: bare step against the script (fp32), weak scaling eager and compiled
-#   jpeg         ResNet-50 on ImageNet-sized JPEGs: --dummy, both --gpu-decode decoders, the pytorch/examples setup,
-#                then jpeg-scaling
+#   jpeg         ResNet-50 on ImageNet-sized JPEGs: --dummy and --gpu-decode (with and without CUDA graphs), nvImageCodec,
+#                Pillow, the pytorch/examples setup; then jpeg-scaling
 #   jpeg-scaling --gpu-decode (torchvision) on 1, 2, 4 ... GPUs, the same 20,480 JPEGs (2 GPUs: about 3 minutes)
 #   cifar        CIFAR-10 recipes ($CIFAR_SEEDS seeds, default 3; one run per GPU, in rounds): fast and full ResNet-18,
 #                full ResNet-50 on 1 GPU and on 2; then each data path for 20 epochs
@@ -99,7 +99,7 @@ rn50)
   done
   ;;
 jpeg)
-  python3 bench/benchmark.py --only jpeg --jpeg-images 12800 --out "$out/jpeg"
+  python3 bench/benchmark.py --only jpeg --no-jpeg-profile --out "$out/jpeg"
   jpeg_scaling
   ;;
 jpeg-scaling)
