@@ -96,42 +96,23 @@ def eff(f, many: str, one: str, n: int) -> float:
     return 100 * f[many] / (n * f[one])
 
 
-HWQ = {
-    "resident": "resident ms, training on default",
-    "tv_idle": "torchvision: transform host ms, idle, matmuls on default",
-    "tv_busy": "torchvision: transform host ms, busy, matmuls on default",
-    "tv_busy_nb": "torchvision: transform host ms, busy, matmuls on nonblocking",
-    "nv_idle": "nvimgcodec: transform host ms, idle, matmuls on default",
-    "nv_busy": "nvimgcodec: transform host ms, busy, matmuls on default",
-    "nv_busy_nb": "nvimgcodec: transform host ms, busy, matmuls on nonblocking",
-    "tv_fed": "torchvision: fed ms/step, training on default, 1 thread(s)",
-    "tv_fed_nb": "torchvision: fed ms/step, training on nonblocking, 1 thread(s)",
-    "nv_fed1": "nvimgcodec: fed ms/step, training on default, 1 thread(s)",
-    "nv_fed": "nvimgcodec: fed ms/step, training on default, 2 thread(s)",
+JPEG_ROWS = {  # key -> the bench row (after JPEG_ROW) in JPEG
+    "dm": "--dummy (no data path), bf16 + channels_last + compile",
+    "tv": "--gpu-decode --gpu-decoder torchvision, bf16 + channels_last + compile",
+    "dg": "--dummy (no data path), bf16 + channels_last + compile + CUDA graphs",
+    "tg": "--gpu-decode --gpu-decoder torchvision, bf16 + channels_last + compile + CUDA graphs",
+    "ng": "--gpu-decode --gpu-decoder nvimgcodec, bf16 + channels_last + compile + CUDA graphs",
+    "ex": "pytorch/examples main.py configuration: Pillow, fp32, eager",
+    "pl": "Pillow DataLoader, bf16 + channels_last + compile",
 }
-
-
-JPEG_KEYS = ("dm", "tv", "dg", "tg", "ng", "ex", "pl")
-DECODERS = {"tv": "torchvision", "nv": "nvimgcodec"}
-JPEG_GPU = {  # the rows that name each decoder's pixel check
-    "tv": "--gpu-decode --gpu-decoder torchvision, bf16 + channels_last + compile + CUDA graphs",
-    "nv": "--gpu-decode --gpu-decoder nvimgcodec, bf16 + channels_last + compile + CUDA graphs",
-}
-CROPS = "crop+resize+flip+normalize of 256 decoded images"
+HWQ = "jpeg_decode_hwqueues_4xh200host.log"  # two runs: CUDA_DEVICE_MAX_CONNECTIONS=8, then 32
+CROPS = "torchvision: crop+resize+flip+normalize of 256 decoded images"
 
 
 @cache
 def final(log: str, second: bool = False) -> dict:
     """The FINAL record of an in-process experiment's log (the second one where the log holds two runs)."""
     return json.loads(text(log).split("FINAL ")[1 + second].splitlines()[0])
-
-
-@cache
-def hwqueues(q: int) -> dict:
-    """The FINAL record of the jpeg_decode_hwqueues run with CUDA_DEVICE_MAX_CONNECTIONS=q."""
-    text = (RUNS / "jpeg_decode_hwqueues_4xh200host.log").read_text()
-    part = text.split(f"CUDA_DEVICE_MAX_CONNECTIONS {q}\n")[1]
-    return json.loads(part.split("FINAL ")[1].splitlines()[0])
 
 
 def span(values) -> str:
@@ -203,35 +184,40 @@ CIFAR_BENCH = {
 }
 
 FIGURES = {
-    # Real JPEGs: every data path in one bench run (JPEG), then in-process experiments (BR, BC, BT)
+    # Real JPEGs: every data path in one bench run (JPEG), then in-process experiments (BR, BC, BT, HWQ)
     **{
-        f"jpeg_{k}_{col}": (lambda w, c: lambda f: row(JPEG, JPEG_ROW + w, c))(what, col)
-        for k, what in (
-            ("dm", "--dummy (no data path), bf16 + channels_last + compile"),
-            ("tv", "--gpu-decode --gpu-decoder torchvision, bf16 + channels_last + compile"),
-            ("dg", "--dummy (no data path), bf16 + channels_last + compile + CUDA graphs"),
-            ("tg", "--gpu-decode --gpu-decoder torchvision, bf16 + channels_last + compile + CUDA graphs"),
-            ("ng", "--gpu-decode --gpu-decoder nvimgcodec, bf16 + channels_last + compile + CUDA graphs"),
-            ("ex", "pytorch/examples main.py configuration: Pillow, fp32, eager"),
-            ("pl", "Pillow DataLoader, bf16 + channels_last + compile"),
-        )
+        f"jpeg_{k}_{col}": (lambda f, k=k, col=col: row(JPEG, JPEG_ROW + JPEG_ROWS[k], col))
+        for k in JPEG_ROWS
         for col in ("img_per_s", "cpu_cores", "sm_util", "jpg_util")
     },
-    "jpeg_dummy": lambda f: f["jpeg_dm_img_per_s"],
-    **per_f(JPEG_KEYS, "jpeg_{}_share", lambda f, k: 100 * f[f"jpeg_{k}_img_per_s"] / f["jpeg_dummy"]),
-    **per_f(JPEG_KEYS, "jpeg_{}_x", lambda f, k: f[f"jpeg_{k}_img_per_s"] / f["jpeg_ex_img_per_s"]),
+    **per_f(JPEG_ROWS, "jpeg_{}_share", lambda f, k: 100 * f[f"jpeg_{k}_img_per_s"] / f["jpeg_dm_img_per_s"]),
+    **per_f(JPEG_ROWS, "jpeg_{}_x", lambda f, k: f[f"jpeg_{k}_img_per_s"] / f["jpeg_ex_img_per_s"]),
+    "jpeg_tv_gap": lambda f: 100 - f["jpeg_tv_share"],
+    # each decoder's pixel check rides on its CUDA-graphs row
+    "px_tv": lambda f: row(JPEG, JPEG_ROW + JPEG_ROWS["tg"], "pixel_check")["max_mad_vs_pillow"],
+    "px_nv": lambda f: row(JPEG, JPEG_ROW + JPEG_ROWS["ng"], "pixel_check")["max_mad_vs_pillow"],
     **{
-        f"br_{d}_{k.replace('-', '_')}_{u.split()[0].lower()}": (
-            lambda f, d=d, k=k, u=u: final(BR)[f"{DECODERS[d]}: {CROPS}, {k}: {u}"]
-        )
-        for d in ("tv", "nv")
+        f"br_tv_{k.replace('-', '_')}_{u.split()[0].lower()}": (lambda f, k=k, u=u: final(BR)[f"{CROPS}, {k}: {u}"])
         for k in ("batched", "per-image")
         for u in ("GPU ms", "host ms")
     },
-    **per(("tv", "nv"), "px_{}", lambda d: row(JPEG, JPEG_ROW + JPEG_GPU[d], "pixel_check")["max_mad_vs_pillow"]),
     "br_diff": lambda f: final(BR)["torchvision: batched vs per-image, max abs diff"],
     "br_resident": lambda f: final(BR)["resident ms"],
     "br_tv_stream": lambda f: final(BR)["torchvision: kernel ms/step by stream, batched"]["7"],
+    # fed step with 8 or 32 hardware queues (medians of three repetitions), and the profiled window (8 queues)
+    **{
+        f"bc{q}_{k}_{t}": (lambda f, q=q, d=d, t=t: final(BC, q == 32)[f"{d}: fed ms/step, {t} thread(s)"]["median"])
+        for q in (8, 32)
+        for k, d in (("tv", "torchvision"), ("nv", "nvimgcodec"))
+        for t in (1, 2)
+    },
+    "bc8_resident": lambda f: final(BC)["resident ms"]["median"],
+    "bt8_tv_wait": lambda f: final(BT)["torchvision: profiled window"]["wait ms (median, max, n)"][0],
+    "bt8_tv_idle": lambda f: 100 - 100 * final(BT)["torchvision: profiled window"]["training stream busy fraction"],
+    # one GpuTransform call (per-image crops then) on an idle GPU and behind 180 queued matmuls
+    "hq8_tv_idle": lambda f: final(HWQ)["torchvision: transform host ms, idle, matmuls on default"],
+    "hq8_tv_busy": lambda f: final(HWQ)["torchvision: transform host ms, busy, matmuls on default"],
+    "hq32_tv_busy": lambda f: final(HWQ, True)["torchvision: transform host ms, busy, matmuls on default"],
     # Transformer, packed rows
     "tr_loop": lambda f: row(TRN, "baseline loop, base, pad 350, fp32, batch 8", "tok_per_s"),
     "tr_c1": lambda f: row(TRN, TR_SCRIPT, "tok_per_s"),
@@ -272,40 +258,6 @@ FIGURES = {
     # Transformer base weak scaling on Multi30k x 8 (bench/reproduce.sh scaling): the logs of whichever GPU type ran it
     **per((1, 2), "m8_{}", lambda n: median(f"tr_base_m8_compile_{n}x{M8_HW}.jsonl", "tok_per_s")),
     "m8_2_eff": lambda f: eff(f, "m8_2", "m8_1", 2),
-    # fed step per prefetch configuration, 8 or 32 hardware queues (BC, BT: medians of the repetitions)
-    **{
-        f"bc{q}_{d}_{t}": (
-            lambda f, q=q, d=d, t=t: final(BC, q == 32)[f"{DECODERS[d]}: fed ms/step, {t} thread(s)"]["median"]
-        )
-        for q in (8, 32)
-        for d in ("tv", "nv")
-        for t in (1, 2, 3)
-    },
-    **per((8, 32), "bc{}_resident", lambda q: final(BC, q == 32)["resident ms"]["median"]),
-    **per(
-        (8, 32),
-        "bt{}_tv_wait",
-        lambda q: final(BT, q == 32)["torchvision: profiled window"]["wait ms (median, max, n)"][0],
-    ),
-    **per(
-        (8, 32),
-        "bt{}_nv_wait",
-        lambda q: final(BT, q == 32)["nvimgcodec: profiled window"]["wait ms (median, max, n)"][0],
-    ),
-    **per(
-        (8, 32),
-        "bt{}_tv_busy",
-        lambda q: 100 * final(BT, q == 32)["torchvision: profiled window"]["training stream busy fraction"],
-    ),
-    **per(
-        (8, 32), "bt{}_tv_prof", lambda q: final(BT, q == 32)["torchvision: profiled fed ms/step (default prefetch)"]
-    ),
-    "bt8_tv_idle": lambda f: 100 - f["bt8_tv_busy"],
-    "jpeg_tv_gap": lambda f: 100 - f["jpeg_tv_share"],
-    # one GpuTransform call behind queued kernels, with 8 and 32 hardware queues (jpeg_decode_hwqueues_4xh200host.log)
-    **per(HWQ, "hq8_{}", lambda k: hwqueues(8)[HWQ[k]]),
-    **per(HWQ, "hq32_{}", lambda k: hwqueues(32)[HWQ[k]]),
-    "hq8_tv_fed_gap": lambda f: f["hq8_tv_fed"] - f["hq8_resident"],
     # CIFAR-10 recipes (console_cifar_recipes_h200.log): fast and full ResNet-18, full ResNet-50
     **per(range(3), "fast_{}", lambda s: last_val(f"cifar_r18_fast_seed{s}_1xh200.jsonl", "acc1")),
     **per(range(3), "fast_{}_s", lambda s: timing(f"cifar_r18_fast_seed{s}_1xh200.jsonl", "wall")),
