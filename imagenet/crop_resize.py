@@ -146,9 +146,9 @@ def crop_resize(
             x = x[:, otop : otop + size, oleft : oleft + size]
             row.copy_((x.flip(-1) if flip else x) * scale_t + shift_t)
         return out
-    offsets = itertools.accumulate((img.numel() for img in images), initial=0)
     if triton is None:
         raise UserError("--gpu-decode on a GPU needs Triton (pip install triton), which torch's CUDA builds bring")
+    offsets = itertools.accumulate((img.numel() for img in images), initial=0)
     src = torch.cat([img.reshape(-1) for img in images])  # one flat buffer
     rows = [(o, img.shape[1], img.shape[2], *g[:8], int(g[8]), taps(g[2], g[4]), taps(g[3], g[5]))
             for o, img, g in zip(offsets, images, geometry)]  # fmt: skip
