@@ -5,7 +5,7 @@ import sys
 
 import torch
 
-from tests.conftest import PY, REPO, run_parallel, torchrun_cmd
+from tests.conftest import REPO, run_parallel, torchrun_cmd
 
 
 def run_all(cmds):
@@ -14,17 +14,20 @@ def run_all(cmds):
 
 
 def test_ddp_two_procs_equal_one_proc_double_batch(tmp_path):
-    script = REPO / "tests/helpers/ddp_equiv.py"
-    run_all([[PY, script, "--batch-size", "8", "--out", tmp_path / "single.pt"],
-             torchrun_cmd(2, script, "--batch-size", "4", "--out", tmp_path / "ddp.pt"),
-             torchrun_cmd(2, script, "--batch-size", "4", "--out", tmp_path / "noddp.pt", "--no-ddp")])  # fmt: skip
-    single, ddp, noddp = (torch.load(tmp_path / f"{n}.pt") for n in ("single", "ddp", "noddp"))
-    init = torch.nn.Linear(10, 16)
+    """2 processes under torchrun x batch 4 == 1 process x batch 8 (in this process, as is the negative control:
+    rank 0's shard trained alone at batch 4, what each rank would do without gradient averaging)."""
+    sys.path.insert(0, str(REPO / "tests/helpers"))
+    import ddp_equiv
+
+    run_all([torchrun_cmd(2, REPO / "tests/helpers/ddp_equiv.py", "--batch-size", "4", "--out", tmp_path / "ddp.pt")])
+    ddp = torch.load(tmp_path / "ddp.pt")
+    single, noddp = ddp_equiv.train(8), ddp_equiv.train(4, rank=0, world_size=2, ddp=False)
+    assert torch.get_default_dtype() == torch.float32 and single["0.weight"].dtype == torch.float64
     for k in single:
         torch.testing.assert_close(ddp[k], single[k], rtol=1e-9, atol=1e-10)
     # negative control: without gradient averaging the result really differs
     assert any((noddp[k] - single[k]).abs().max() > 1e-4 for k in single)
-    assert (single["0.weight"] - init.weight).abs().max() > 0  # it trained at all
+    assert (single["0.weight"] - ddp_equiv.make_model()[0].weight).abs().max() > 0  # it trained at all
 
 
 def test_exact_eval_identical_for_world_sizes_1_2_3(tmp_path, tiny_imagefolder, monkeypatch):
