@@ -266,6 +266,8 @@ def bench_cifar(args, device, rows):
         paths = [("--gpu-data", ["--gpu-data"]), ("DataLoader (Pillow)", ["-j", str(args.workers)])]
         if not args.tiny:  # CUDA graphs: the same step with its kernel launches replayed
             paths.insert(1, ("--gpu-data, CUDA graphs", ["--gpu-data", "--compile-mode", "reduce-overhead"]))
+        else:  # one row runs this code; the DataLoader path is the same row with other flags
+            paths = paths[:1]
         for name, flags in paths:
             out = Path(args.out) / f"cifar_{len(rows)}"
             cmd = [sys.executable, "cifar_resnet/train.py", *data, *recipe, "--epochs", "3", "-p", "20",
