@@ -165,8 +165,8 @@ def cifar_reference(tmp_path_factory) -> Path:
 
 def transformer_ddp_cmd(data, out, *extra) -> list[str]:
     """transformer/train.py on a local de->en corpus by 2 processes, 13.5 steps an epoch, a checkpoint every 3 steps,
-    to step 18: test_transformer.py's resume and test_fault.py's restart and preemption compare with one
-    uninterrupted run of it (transformer_reference)."""
+    to step 18: test_fault.py's preempted, resumed and restarted run compares with one uninterrupted run of it
+    (transformer_reference), which test_transformer.py also checks end to end."""
     return ["transformer/train.py", "--data", str(data), "--lang-src", "de", "--lang-tgt", "en", "--preset", "tiny",
             "--dropout", "0.1", "--vocab-size", "200", "--max-tokens", "256", "--accum-steps", "2", "--epochs", "3",
             "--lr", "1e-3", "--warmup-steps", "5", "-j", "1", "-p", "2", "--save-every-steps", "3",

@@ -5,6 +5,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from signal import SIGTERM, SIGUSR2
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from tests.conftest import (
     run,
     torchrun,
 )
+from tests.test_fault import preempt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cifar_resnet.data import decode_folder, gpu_random_erasing  # noqa: E402
@@ -49,20 +51,21 @@ def check_run(out, world_size, steps):
 # quickstart command, checked by tests/test_docs.py::test_readme_cpu_commands_run.
 
 
-def test_torchvision_pickle_format(tmp_path):
-    data = make_cifar_pickles(tmp_path / "data", n_train=50, n_test=21)
-    out = tmp_path / "out"
-    torchrun(2, "cifar_resnet/train.py", "--data-dir", data, "--epochs", "1", "-j", "0", "--output-dir", out, *TINY)
-    recs = check_run(out, 2, 6)  # 50 images / 2 ranks / batch 4 = 6 steps
-    assert [r["count"] for r in recs if r["split"] == "test"] == [21]
-
-
 def in_process(monkeypatch, *args):
     """cifar_resnet/train.py's entry point in this process (1 process, no launcher): no start-up of its own."""
     import cifar_resnet.train as train
 
     monkeypatch.setattr(sys, "argv", ["cifar_resnet/train.py", *map(str, args)])
     train.run_cli(train.cli)
+
+
+def test_torchvision_pickle_format(tmp_path, monkeypatch):
+    """In this process; test_launchers.py trains on the same format under every launcher."""
+    data = make_cifar_pickles(tmp_path / "data", n_train=50, n_test=21)
+    out = tmp_path / "out"
+    in_process(monkeypatch, "--data-dir", data, "--max-steps", "3", "-j", "0", "--output-dir", out, *TINY)
+    recs = check_run(out, 1, 3)
+    assert [r["count"] for r in recs if r["split"] == "test"] == [21]
 
 
 def test_jpeg_imagefolder_with_val_split(tmp_path, tiny_imagefolder, monkeypatch):
@@ -73,10 +76,12 @@ def test_jpeg_imagefolder_with_val_split(tmp_path, tiny_imagefolder, monkeypatch
     assert [r["count"] for r in recs if r["split"] == "val"] == [9]
 
 
-@pytest.mark.parametrize("data_path", ["loader", "gpu-data"])
-def test_resume_mid_epoch_is_bit_identical(tmp_path, tmp_path_factory, data_path):
-    """Uninterrupted 2 epochs == stop at step 3 (mid-epoch 1) + the same command again. The --gpu-data run is the
-    one test_fault.py restarts and preempts: one uninterrupted run for both files."""
+@pytest.mark.parametrize("data_path,target,sig", [("loader", "worker", SIGUSR2), ("gpu-data", "launcher", SIGTERM)])
+def test_resume_mid_epoch_is_bit_identical(tmp_path, tmp_path_factory, data_path, target, sig):
+    """Uninterrupted 2 epochs == stop at step 3 (mid-epoch 1) + the same command again, preempted after its next
+    checkpoint (SIGUSR2, Slurm's --signal, to a worker; or SIGTERM to torchrun, which forwards it: every rank stops at
+    the same step, rank 0 saves, exit 75) + the same command again. The --gpu-data run is the one test_fault.py
+    restarts and preempts: one uninterrupted run for both files."""
     data = cifar_data(tmp_path_factory)  # 40 images / 2 ranks / 4 = 5 steps per epoch
     cmd = functools.partial(cifar_resume_cmd, data, gpu_data=data_path == "gpu-data")
     if data_path == "loader":  # one DataLoader worker per rank; the interrupted run loads in the main process (-j 0),
@@ -87,8 +92,10 @@ def test_resume_mid_epoch_is_bit_identical(tmp_path, tmp_path_factory, data_path
     torchrun(2, *cmd(tmp_path / "b", "--max-steps", "3"))
     mid = torch.load(tmp_path / "b/last.pt", weights_only=True)
     assert mid["batch_in_epoch"] == 3 and mid["epoch"] == 0
+    stopped, log = preempt(cmd(tmp_path / "b"), tmp_path / "b", at=4, target=target, sig=sig)
+    assert "resumed from" in log and "step 3, batch 3" in log and 4 <= stopped < 10
     p = torchrun(2, *cmd(tmp_path / "b"))
-    assert "resumed from" in p.stdout and "step 3, batch 3" in p.stdout
+    assert f"step {stopped}, batch {stopped % 5}" in p.stdout
     a, b = (torch.load(tmp_path / f"{x}/last.pt", weights_only=True) for x in "ab")
     assert a["step"] == b["step"] == 10
     for k, v in [*a["model"].items(), *(("ema." + k, v) for k, v in a["ema"].items())]:

@@ -91,9 +91,10 @@ def popen(cmd):
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def preempt(cmd, out, at, target="worker", sig=signal.SIGTERM) -> int:
+def preempt(cmd, out, at, target="worker", sig=signal.SIGTERM) -> tuple[int, str]:
     """torchrun on cmd; once last.pt holds step >= at, send sig to rank 1 (or to the launcher, which forwards it):
-    every rank stops at the same step, rank 0 saves, exit 75. Returns the step of the checkpoint it saved."""
+    every rank stops at the same step, rank 0 saves, exit 75. Returns the step of the checkpoint it saved, and the
+    log."""
     proc = popen(torchrun_cmd(*cmd))
     wait_for_step(out, at, proc)
     os.kill(proc.pid if target == "launcher" else descendants_with_rank(proc.pid, 1)[0], sig)
@@ -101,7 +102,7 @@ def preempt(cmd, out, at, target="worker", sig=signal.SIGTERM) -> int:
     assert proc.returncode != 0
     assert "rerun the same command to continue (exit 75)" in log, log[-3000:]
     assert "exitcode  : 75" in log or "exitcode: 75" in log.replace(" ", "") or target == "launcher", log[-3000:]
-    return torch.load(out / "last.pt", weights_only=True)["step"]
+    return torch.load(out / "last.pt", weights_only=True)["step"], log
 
 
 def restart_after_sigkill(cmd, out, at, restarts=1) -> list[int]:
@@ -124,13 +125,11 @@ def test_elastic_restart_after_sigkill_is_bit_identical(data, reference, tmp_pat
     assert_same_params(reference, torch.load(tmp_path / "last.pt", weights_only=True))
 
 
-@pytest.mark.parametrize(
-    "target,sig", [("worker", signal.SIGTERM), ("launcher", signal.SIGTERM), ("worker", signal.SIGUSR2)]
-)
-def test_preemption_saves_exits_75_and_resumes(data, reference, tmp_path, target, sig):
-    """SIGTERM to a worker, or to torchrun (which forwards it), or SIGUSR2 (Slurm's --signal) to a worker: every rank
-    stops at the same step, rank 0 saves, exit 75; the same command then finishes bit-identical."""
-    stopped = preempt(train_cmd(data, tmp_path), tmp_path, at=3, target=target, sig=sig)
+def test_preemption_saves_exits_75_and_resumes(data, reference, tmp_path):
+    """SIGTERM to a worker: every rank stops at the same step, rank 0 saves, exit 75; the same command then finishes
+    bit-identical. SIGTERM to torchrun (which forwards it) and SIGUSR2 (Slurm's --signal) to a worker preempt a
+    resumed run in test_cifar.py's mid-epoch resume test."""
+    stopped, _ = preempt(train_cmd(data, tmp_path), tmp_path, at=3)
     assert 3 <= stopped < STEPS
     run(torchrun_cmd(*train_cmd(data, tmp_path)))  # the same command continues
     assert_same_params(reference, torch.load(tmp_path / "last.pt", weights_only=True))
@@ -184,7 +183,8 @@ def other_script_cmd(name, tmp_path_factory, out):
         return ["imagenet/train.py", "--dummy", "--dummy-sizes", "56", "7", "-a", "resnet18", "-b", "4", "-j", "0",
                 "--train-crop-size", "32", "--val-crop-size", "32", "--val-resize-size", "36", "--epochs", "2",
                 "--save-every-steps", "2", "-p", "1", "--seed", "5", "--output-dir", str(out)]  # fmt: skip
-    # the run test_transformer.py resumes, without a DataLoader worker: an exact resume does not depend on -j
+    # the run test_transformer.py checks end to end, without its DataLoader worker: an exact resume does not depend
+    # on -j either
     return transformer_ddp_cmd(transformer_corpus(tmp_path_factory), out, "-j", "0")
 
 
@@ -211,16 +211,20 @@ def other_reference(tmp_path_factory):
 def test_preemption_and_elastic_restart_other_scripts(name, other_reference, tmp_path, tmp_path_factory):
     """imagenet/ and transformer/: SIGTERM to one worker after the first checkpoint: every rank stops at the same
     step, rank 0 saves, exit 75. The same command continues under torchrun --max-restarts=1; SIGKILL a worker after
-    its next checkpoint: the group restarts from last.pt and finishes bit-identical to an uninterrupted run (dropout
-    included)."""
+    its next checkpoint: the group restarts from last.pt and finishes, past an epoch end, bit-identical to an
+    uninterrupted run (dropout included): weights, optimizer state, epoch and step. This is also the transformer's
+    resume test (its uninterrupted run loads in a DataLoader worker, these in the main process)."""
     ref = other_reference(name)
     out = tmp_path / "run"
     cmd = other_script_cmd(name, tmp_path_factory, out)
-    stopped = preempt(cmd, out, at=4)
+    stopped, _ = preempt(cmd, out, at=4)
     assert 4 <= stopped < ref["step"]
     resumed = restart_after_sigkill(cmd, out, at=stopped + 1)
     assert len(resumed) == 2 and resumed[0] == stopped < resumed[1] <= ref["step"], resumed  # see the cifar test
     got = torch.load(out / "last.pt", weights_only=True)
-    assert got["step"] == ref["step"]
+    assert (got["step"], got["epoch"]) == (ref["step"], ref["epoch"])
     for k, v in ref["model"].items():
         assert torch.equal(v, got["model"][k]), k
+    for i, state in ref["optimizer"]["state"].items():  # Adam's moments, SGD's momentum
+        for k, v in state.items():
+            assert torch.equal(torch.as_tensor(v), torch.as_tensor(got["optimizer"]["state"][i][k])), (i, k)
