@@ -63,8 +63,8 @@ def test_torchvision_pickle_format(tmp_path, monkeypatch):
     """In this process; test_launchers.py trains on the same format under every launcher."""
     data = make_cifar_pickles(tmp_path / "data", n_train=50, n_test=21)
     out = tmp_path / "out"
-    in_process(monkeypatch, "--data-dir", data, "--max-steps", "3", "-j", "0", "--output-dir", out, *TINY)
-    recs = check_run(out, 1, 3)
+    in_process(monkeypatch, "--data-dir", data, "--epochs", "1", "-j", "0", "--output-dir", out, *TINY)
+    recs = check_run(out, 1, 12)  # 50 images (5 files of 10) / batch 4 = 12 steps
     assert [r["count"] for r in recs if r["split"] == "test"] == [21]
 
 
