@@ -76,7 +76,11 @@ def test_jpeg_imagefolder_with_val_split(tmp_path, tiny_imagefolder, monkeypatch
     assert [r["count"] for r in recs if r["split"] == "val"] == [9]
 
 
-@pytest.mark.parametrize("data_path,target,sig", [("loader", "worker", SIGUSR2), ("gpu-data", "launcher", SIGTERM)])
+@pytest.mark.parametrize(
+    "data_path,target,sig",
+    [("loader", "worker", SIGUSR2), ("gpu-data", "launcher", SIGTERM)],
+    ids=["loader", "gpu-data"],
+)
 def test_resume_mid_epoch_is_bit_identical(tmp_path, tmp_path_factory, data_path, target, sig):
     """Uninterrupted 2 epochs == stop at step 3 (mid-epoch 1) + the same command again, preempted after its next
     checkpoint (SIGUSR2, Slurm's --signal, to a worker; or SIGTERM to torchrun, which forwards it: every rank stops at
