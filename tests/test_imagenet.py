@@ -265,13 +265,17 @@ def test_bad_inputs_from_the_command_line(tmp_path):
     assert "Traceback" not in p.stderr, p.stderr[-2000:]
 
 
-def test_skip_bad_images_counts_and_reports(tmp_path):
+def test_skip_bad_images_counts_and_reports(m, tmp_path, monkeypatch, capsys):
+    """The script's entry point in this process, loading in it (-j 0)."""
     d = make_jpeg_imagefolder(tmp_path / "d", {"train": 12, "val": 7}, classes=3, size=35)
     (d / "train" / "class1" / "00004.jpg").write_bytes(b"not a jpeg")
     jpg = d / "val" / "class2" / "00005.jpg"
     jpg.write_bytes(jpg.read_bytes()[:200])  # truncated
-    p = run([PY, SCRIPT, str(d), *TINY, "--epochs", "1", "--skip-bad-images", "--output-dir", str(tmp_path / "o")])
-    assert "00004.jpg" in p.stderr and "00005.jpg" in p.stderr
+    argv = [SCRIPT, str(d), *TINY, "-j", "0", "--epochs", "1", "--skip-bad-images", "--output-dir", str(tmp_path / "o")]
+    monkeypatch.setattr(sys, "argv", argv)
+    m.cli()
+    err = capsys.readouterr().err
+    assert "00004.jpg" in err and "00005.jpg" in err
     assert records(tmp_path / "o", "train")[-1]["skipped_images"] == 1  # 12 images = 3 full steps: all seen
     (v,) = records(tmp_path / "o", "val")
     assert (v["count"], v["skipped"]) == (6, 1)
