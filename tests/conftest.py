@@ -146,7 +146,7 @@ def shared(tmp_path_factory, name: str, make) -> Path:
 def cifar_resume_cmd(data, out, *extra, gpu_data: bool = True) -> list[str]:
     """cifar_resnet/train.py on 40 images, 2 epochs of 5 steps per rank at 2 ranks, the GPU-resident data path (or
     the DataLoader's) with random erasing and EMA, a checkpoint every 2 steps: test_cifar.py's mid-epoch resume and
-    test_fault.py's restarts and preemptions all compare with one uninterrupted run of it (cifar_reference)."""
+    preemptions (--gpu-data) and test_fault.py's restart compare with one uninterrupted run of it (cifar_reference)."""
     data_path = ["--gpu-data", "-j", "0"] if gpu_data else ["-j", "1"]
     return ["cifar_resnet/train.py", "--data-dir", str(data), "--epochs", "2", *data_path,
             "--random-erasing", "0.5", "--ema", "0.9", "-b", "4", "-p", "1", "--seed", "3", "--save-every-steps", "2",

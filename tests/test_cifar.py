@@ -76,32 +76,34 @@ def test_jpeg_imagefolder_with_val_split(tmp_path, tiny_imagefolder, monkeypatch
     assert [r["count"] for r in recs if r["split"] == "val"] == [9]
 
 
-@pytest.mark.parametrize(
-    "data_path,target,sig",
-    [("loader", "worker", SIGUSR2), ("gpu-data", "launcher", SIGTERM)],
-    ids=["loader", "gpu-data"],
-)
-def test_resume_mid_epoch_is_bit_identical(tmp_path, tmp_path_factory, data_path, target, sig):
-    """Uninterrupted 2 epochs == stop at step 3 (mid-epoch 1) + the same command again, preempted after its next
-    checkpoint (SIGUSR2, Slurm's --signal, to a worker; or SIGTERM to torchrun, which forwards it: every rank stops at
-    the same step, rank 0 saves, exit 75) + the same command again. The --gpu-data run is the one test_fault.py
-    restarts and preempts: one uninterrupted run for both files."""
+@pytest.mark.parametrize("data_path", ["loader", "gpu-data"])
+def test_resume_mid_epoch_is_bit_identical(tmp_path, tmp_path_factory, data_path):
+    """Uninterrupted == stop at step 3 (mid-epoch 1) + the same command again, preempted after its next checkpoint
+    (every rank stops at the same step, rank 0 saves, exit 75), + ... + the same command to the end. The DataLoader
+    path trains 3 epochs and is preempted twice: SIGUSR2 (Slurm's --signal), then SIGTERM, to a worker. The --gpu-data
+    path trains 2 epochs, the run test_fault.py restarts (one uninterrupted run for both files), and is preempted by
+    SIGTERM to torchrun, which forwards it."""
     data = cifar_data(tmp_path_factory)  # 40 images / 2 ranks / 4 = 5 steps per epoch
-    cmd = functools.partial(cifar_resume_cmd, data, gpu_data=data_path == "gpu-data")
-    if data_path == "loader":  # one DataLoader worker per rank; the interrupted run loads in the main process (-j 0),
-        torchrun(2, *cmd(tmp_path / "a"))  # as a resume must be exact with another worker count too
-        cmd = lambda out, *extra: cifar_resume_cmd(data, out, "-j", "0", *extra, gpu_data=False)  # noqa: E731
+    if data_path == "loader":  # one DataLoader worker per rank uninterrupted, while the interrupted legs load in the
+        # main process (-j 0): a resume must be exact with another worker count too
+        steps, signals = 15, [("worker", SIGUSR2), ("worker", SIGTERM)]
+        torchrun(2, *cifar_resume_cmd(data, tmp_path / "a", "--epochs", "3", gpu_data=False))
+        cmd = lambda out, *extra: cifar_resume_cmd(data, out, "--epochs", "3", "-j", "0", *extra, gpu_data=False)  # noqa: E731
     else:
+        steps, signals, cmd = 10, [("launcher", SIGTERM)], functools.partial(cifar_resume_cmd, data)
         (tmp_path / "a").symlink_to(cifar_reference(tmp_path_factory))
     torchrun(2, *cmd(tmp_path / "b", "--max-steps", "3"))
     mid = torch.load(tmp_path / "b/last.pt", weights_only=True)
     assert mid["batch_in_epoch"] == 3 and mid["epoch"] == 0
-    stopped, log = preempt(cmd(tmp_path / "b"), tmp_path / "b", at=4, target=target, sig=sig)
-    assert "resumed from" in log and "step 3, batch 3" in log and 4 <= stopped < 10
+    resumed_at = 3
+    for target, sig in signals:  # each leg resumes where the last one stopped, and stops after its next checkpoint
+        stopped, log = preempt(cmd(tmp_path / "b"), tmp_path / "b", at=resumed_at + 1, target=target, sig=sig)
+        assert f"step {resumed_at}, batch {resumed_at % 5} of" in log and resumed_at < stopped < steps
+        resumed_at = stopped
     p = torchrun(2, *cmd(tmp_path / "b"))
-    assert f"step {stopped}, batch {stopped % 5}" in p.stdout
+    assert f"step {resumed_at}, batch {resumed_at % 5} of" in p.stdout
     a, b = (torch.load(tmp_path / f"{x}/last.pt", weights_only=True) for x in "ab")
-    assert a["step"] == b["step"] == 10
+    assert a["step"] == b["step"] == steps
     for k, v in [*a["model"].items(), *(("ema." + k, v) for k, v in a["ema"].items())]:
         assert torch.equal(v, (b["ema"] if k.startswith("ema.") else b["model"])[k.removeprefix("ema.")]), k
     assert not torch.equal(a["ema"]["fc.weight"], a["model"]["fc.weight"])  # the average lags the weights
