@@ -25,21 +25,19 @@ PY = sys.executable
 # `pytest -n auto` (pytest-xdist, --dist loadgroup in pyproject.toml) hands out groups of tests, one per free
 # worker, slowest first so that none is left running alone at the end (--no-loadscope-reorder in pyproject.toml keeps
 # this order: xdist would otherwise hand out the groups with the most tests first). A group is a file, so that a
-# module's fixtures run once, except test_fault.py: its CIFAR runs and its other-script runs share no fixture, so they
-# are two groups, and its peer-failure tests go one by one. An uninterrupted reference run that tests in several files
-# compare with (see shared) is made by whichever group needs it first; a group that needs it meanwhile waits.
-SLOWEST_FIRST = ["test_imagenet.py", "test_cifar.py", "test_fault.py::cifar", "test_transformer.py",
-                 "test_launchers.py", "test_fault.py::other", "test_slurm.py", "test_bench.py", "test_docs.py",
-                 "test_watchdog.py", "test_ddp.py", "test_checkpoint.py"]  # fmt: skip
+# module's fixtures run once, except test_fault.py: its other-script runs are one group, its peer-failure tests go one
+# by one. An uninterrupted reference run that tests in several files compare with (see shared) is made by whichever
+# group needs it first; a group that needs it meanwhile waits.
+SLOWEST_FIRST = ["test_cifar.py", "test_imagenet.py", "test_launchers.py", "test_transformer.py", "test_slurm.py",
+                 "test_fault.py::other", "test_docs.py", "test_watchdog.py", "test_bench.py", "test_ddp.py",
+                 "test_checkpoint.py"]  # fmt: skip
 
 
 def group(item) -> str:
     name = item.path.name
     if name != "test_fault.py":
         return name
-    if "other_reference" in item.fixturenames:
-        return name + "::other"
-    return name + "::cifar" if "reference" in item.fixturenames else item.nodeid
+    return name + "::other" if "other_reference" in item.fixturenames else item.nodeid
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
@@ -144,23 +142,17 @@ def shared(tmp_path_factory, name: str, make) -> Path:
 
 
 def cifar_resume_cmd(data, out, *extra, gpu_data: bool = True) -> list[str]:
-    """cifar_resnet/train.py on 40 images, 2 epochs of 5 steps per rank at 2 ranks, the GPU-resident data path (or
-    the DataLoader's) with random erasing and EMA, a checkpoint every 2 steps: test_cifar.py's mid-epoch resume and
-    preemptions (--gpu-data) and test_fault.py's restart compare with one uninterrupted run of it (cifar_reference)."""
+    """cifar_resnet/train.py on 40 images, 3 epochs of 5 steps per rank at 2 ranks, the GPU-resident data path (or
+    the DataLoader's) with random erasing and EMA, a checkpoint every 2 steps: test_cifar.py's resume, preemption and
+    restart runs, and test_fault.py's dead-peer runs."""
     data_path = ["--gpu-data", "-j", "0"] if gpu_data else ["-j", "1"]
-    return ["cifar_resnet/train.py", "--data-dir", str(data), "--epochs", "2", *data_path,
+    return ["cifar_resnet/train.py", "--data-dir", str(data), "--epochs", "3", *data_path,
             "--random-erasing", "0.5", "--ema", "0.9", "-b", "4", "-p", "1", "--seed", "3", "--save-every-steps", "2",
             "--output-dir", str(out), *map(str, extra)]  # fmt: skip
 
 
 def cifar_data(tmp_path_factory) -> Path:
     return shared(tmp_path_factory, "cifar_data", lambda d: make_jpeg_imagefolder(d, {"train": 40, "test": 7}, 10))
-
-
-def cifar_reference(tmp_path_factory) -> Path:
-    """The output dir of the uninterrupted torchrun run of cifar_resume_cmd (2 processes)."""
-    data = cifar_data(tmp_path_factory)
-    return shared(tmp_path_factory, "cifar_reference", lambda d: torchrun(2, *cifar_resume_cmd(data, d)))
 
 
 def transformer_ddp_cmd(data, out, *extra) -> list[str]:

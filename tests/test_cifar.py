@@ -1,6 +1,5 @@
 """cifar_resnet/train.py end to end under torchrun, in every data format, and exact resume."""
 
-import functools
 import json
 import os
 import sys
@@ -13,14 +12,13 @@ import torch
 from tests.conftest import (
     PY,
     cifar_data,
-    cifar_reference,
     cifar_resume_cmd,
     make_cifar_pickles,
     make_jpeg_imagefolder,
     run,
     torchrun,
 )
-from tests.test_fault import preempt
+from tests.test_fault import preempt, restart_after_sigkill
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cifar_resnet.data import decode_folder, gpu_random_erasing  # noqa: E402
@@ -78,41 +76,42 @@ def test_jpeg_imagefolder_with_val_split(tmp_path, tiny_imagefolder, monkeypatch
 
 @pytest.mark.parametrize("data_path", ["loader", "gpu-data"])
 def test_resume_mid_epoch_is_bit_identical(tmp_path, tmp_path_factory, data_path):
-    """Uninterrupted == stop at step 3 (mid-epoch 1) + the same command again, preempted after its next checkpoint
-    (every rank stops at the same step, rank 0 saves, exit 75), + ... + the same command to the end. The DataLoader
-    path trains 3 epochs and is preempted twice: SIGUSR2 (Slurm's --signal), then SIGTERM, to a worker. The --gpu-data
-    path trains 2 epochs, the run test_fault.py restarts (one uninterrupted run for both files), and is preempted by
-    SIGTERM to torchrun, which forwards it."""
+    """Uninterrupted 3 epochs (15 steps) == stop at step 3 (mid-epoch 1) + the same command again, stopped after its
+    next checkpoint, + ... + the same command to the end. The DataLoader path is preempted twice: SIGUSR2 (Slurm's
+    --signal), then SIGTERM, to a worker (every rank stops at the same step, rank 0 saves, exit 75). The --gpu-data
+    path is preempted by SIGTERM to torchrun, which forwards it, then continues under torchrun --max-restarts=1: a
+    worker SIGKILLed after the next checkpoint, the group restarts from last.pt and finishes."""
     data = cifar_data(tmp_path_factory)  # 40 images / 2 ranks / 4 = 5 steps per epoch
-    if data_path == "loader":  # one DataLoader worker per rank uninterrupted, while the interrupted legs load in the
-        # main process (-j 0): a resume must be exact with another worker count too
-        steps, signals = 15, [("worker", SIGUSR2), ("worker", SIGTERM)]
-        torchrun(2, *cifar_resume_cmd(data, tmp_path / "a", "--epochs", "3", gpu_data=False))
-        cmd = lambda out, *extra: cifar_resume_cmd(data, out, "--epochs", "3", "-j", "0", *extra, gpu_data=False)  # noqa: E731
-    else:
-        steps, signals, cmd = 10, [("launcher", SIGTERM)], functools.partial(cifar_resume_cmd, data)
-        (tmp_path / "a").symlink_to(cifar_reference(tmp_path_factory))
-    torchrun(2, *cmd(tmp_path / "b", "--max-steps", "3"))
-    mid = torch.load(tmp_path / "b/last.pt", weights_only=True)
+    gpu = data_path == "gpu-data"
+    # Uninterrupted; on the DataLoader path with a worker per rank, while the interrupted legs load in the main process
+    # (-j 0): a resume must be exact with another worker count too.
+    torchrun(2, *cifar_resume_cmd(data, tmp_path / "a", gpu_data=gpu))
+    cmd = lambda o, *extra: cifar_resume_cmd(data, o, *([] if gpu else ["-j", "0"]), *extra, gpu_data=gpu)  # noqa: E731
+    out = tmp_path / "b"
+    torchrun(2, *cmd(out, "--max-steps", "3"))
+    mid = torch.load(out / "last.pt", weights_only=True)
     assert mid["batch_in_epoch"] == 3 and mid["epoch"] == 0
     resumed_at = 3
-    for target, sig in signals:  # each leg resumes where the last one stopped, and stops after its next checkpoint
-        stopped, log = preempt(cmd(tmp_path / "b"), tmp_path / "b", at=resumed_at + 1, target=target, sig=sig)
-        assert f"step {resumed_at}, batch {resumed_at % 5} of" in log and resumed_at < stopped < steps
+    for target, sig in [("launcher", SIGTERM)] if gpu else [("worker", SIGUSR2), ("worker", SIGTERM)]:
+        stopped, log = preempt(cmd(out), out, at=resumed_at + 1, target=target, sig=sig)
+        assert f"step {resumed_at}, batch {resumed_at % 5} of" in log and resumed_at < stopped < 15
         resumed_at = stopped
-    p = torchrun(2, *cmd(tmp_path / "b"))
-    assert f"step {resumed_at}, batch {resumed_at % 5} of" in p.stdout
+    if gpu:  # the restart resumes from the checkpoint the kill followed, or from the final save if it came after it
+        resumed = restart_after_sigkill(cmd(out), out, at=resumed_at + 1)
+        assert len(resumed) == 2 and resumed[0] == resumed_at < resumed[1] <= 15, resumed
+    else:
+        assert f"step {resumed_at}, batch {resumed_at % 5} of" in torchrun(2, *cmd(out)).stdout
     a, b = (torch.load(tmp_path / f"{x}/last.pt", weights_only=True) for x in "ab")
-    assert a["step"] == b["step"] == steps
+    assert a["step"] == b["step"] == 15
     for k, v in [*a["model"].items(), *(("ema." + k, v) for k, v in a["ema"].items())]:
         assert torch.equal(v, (b["ema"] if k.startswith("ema.") else b["model"])[k.removeprefix("ema.")]), k
     assert not torch.equal(a["ema"]["fc.weight"], a["model"]["fc.weight"])  # the average lags the weights
     for k, v in a["optimizer"]["state"].items():
         assert torch.equal(v["momentum_buffer"], b["optimizer"]["state"][k]["momentum_buffer"])
     assert not torch.equal(mid["model"]["fc.weight"], a["model"]["fc.weight"])  # not vacuous: it trained on
-    losses_a = [r["loss"] for r in records(tmp_path / "a") if r["split"] == "train"]
-    losses_b = [r["loss"] for r in records(tmp_path / "b") if r["split"] == "train"]
-    assert losses_a == losses_b
+    # every step's loss; a step done again after the restart logs again (the same loss: the last one is kept)
+    losses_a, losses_b = ({r["step"]: r["loss"] for r in records(tmp_path / x) if r["split"] == "train"} for x in "ab")
+    assert list(losses_a) == list(range(1, 16)) and losses_a == losses_b
 
 
 @pytest.mark.parametrize(

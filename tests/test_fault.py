@@ -1,6 +1,5 @@
-"""Fault tolerance with real processes: elastic restart after SIGKILL, preemption by SIGTERM (the CIFAR script's
-preemptions, also by SIGUSR2 and through torchrun, are in test_cifar.py's resume test), dead or stuck peers never hang
-the survivors."""
+"""Fault tolerance with real processes: preemption by SIGTERM and elastic restart after SIGKILL (the CIFAR script's,
+also by SIGUSR2 and through torchrun, in test_cifar.py's resume test), dead or stuck peers never hang the survivors."""
 
 import os
 import re
@@ -16,7 +15,6 @@ from tests.conftest import (
     PY,
     REPO,
     cifar_data,
-    cifar_reference,
     cifar_resume_cmd,
     free_port,
     run,
@@ -25,10 +23,7 @@ from tests.conftest import (
     transformer_reference,
 )
 
-STEPS = 10  # 40 images / 2 ranks / batch 4 = 5 steps per epoch, 2 epochs
-
-
-train_cmd = cifar_resume_cmd  # the run test_cifar.py resumes: one uninterrupted run for both files
+train_cmd = cifar_resume_cmd  # the run test_cifar.py resumes, preempts and restarts
 
 
 def torchrun_cmd(*args, restarts=0):
@@ -39,18 +34,6 @@ def torchrun_cmd(*args, restarts=0):
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return cifar_data(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The uninterrupted run every interrupted one must match bit for bit (shared with test_cifar.py)."""
-    return torch.load(cifar_reference(tmp_path_factory) / "last.pt", weights_only=True)
-
-
-def assert_same_params(a, b):
-    assert a["step"] == b["step"] == STEPS
-    for k, v in a["model"].items():
-        assert torch.equal(v, b["model"][k]), k
 
 
 def descendants_with_rank(root_pid, rank):
@@ -115,15 +98,6 @@ def restart_after_sigkill(cmd, out, at, restarts=1) -> list[int]:
     log, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, log[-3000:]
     return [int(s) for s in re.findall(r"resumed from .*: epoch \d+, step (\d+),", log)]
-
-
-def test_elastic_restart_after_sigkill_is_bit_identical(data, reference, tmp_path):
-    """torchrun --max-restarts=2: SIGKILL rank 1 mid-epoch; the group restarts from last.pt and finishes. (A fresh
-    run, not the continuation of a preempted one as for the other scripts: this run is too short to interrupt
-    twice reliably.)"""
-    resumed = restart_after_sigkill(train_cmd(data, tmp_path), tmp_path, at=6, restarts=2)  # epoch 1, batch 1 of 5
-    assert len(resumed) == 1 and 6 <= resumed[0] <= STEPS, resumed  # the final save can precede the kill
-    assert_same_params(reference, torch.load(tmp_path / "last.pt", weights_only=True))
 
 
 def two_ranks_dist_url(data, out, timeout):
