@@ -91,6 +91,15 @@ def since_start(log: str, tag: str) -> float:
     return grab(log, r"wall ([\d.]+)s since start\n\[\d+ s wall\] [^\n]*" + re.escape(tag))
 
 
+def stall(log: str) -> dict:
+    """The slowest step of a run that logs every step, after the first two: its number and its milliseconds."""
+    train = records(log)
+    step, ms = max(
+        ((b["step"], 1e3 * (b["time"] - a["time"])) for a, b in zip(train[2:], train[3:])), key=lambda t: t[1]
+    )
+    return {"step": step, "ms": ms}
+
+
 def eff(f, many: str, one: str, n: int) -> float:
     """Per-GPU weak-scaling efficiency in %: throughput on n GPUs against n times one GPU's."""
     return 100 * f[many] / (n * f[one])
@@ -229,6 +238,9 @@ FIGURES = {
     "js_tv_steady_1": lambda f: median("jpeg_gpu_decode_1xh200.jsonl", "img_per_s", drop=(90,)),
     "js_tv_steady_2": lambda f: median("jpeg_gpu_decode_2xh200.jsonl", "img_per_s", drop=(40, 50, 90)),
     "js_tv_steady_eff": lambda f: eff(f, "js_tv_steady_2", "js_tv_steady_1", 2),
+    # the same 2-GPU run logging every step, each process reporting its garbage collections: the slowest step after
+    # the first two (compilation, CUDA graph recording)
+    **per_f(("step", "ms"), "js_stall_{}", lambda f, k: stall("jpeg_gc_timing_2xh200.jsonl")[k]),
     # each decoder's pixel check rides on its CUDA-graphs row
     "px_tv": lambda f: row(JPEG, JPEG_ROW + JPEG_ROWS["tg"], "pixel_check")["max_mad_vs_pillow"],
     "px_nv": lambda f: row(JPEG, JPEG_ROW + JPEG_ROWS["ng"], "pixel_check")["max_mad_vs_pillow"],
@@ -573,7 +585,10 @@ reliably ({sw_5:,.0f} img/s at 5 ms, {sw_1:,.0f} at 1 ms, {sw_01:,.0f} at 0.1 ms
 overlap the backward pass; see the weak-scaling table above). `--gpu-decode`'s 2-GPU windows range from
 {js_tv_2_min:,.0f} to {js_tv_2_max:,.0f} img/s (`--dummy`'s lowest: {js_dm_2_min:,.0f}). The slow ones are the first window of the
 second and third epochs (the timer restarts after the evaluation, so this is the training loader's workers and the
-decode thread starting the epoch's first batches) and the last window of the first epoch, which is not analysed.
+decode thread starting the epoch's first batches) and the last window of the first epoch. That one is a single
+step of about {js_stall_ms:,.0f} ms (step {js_stall_step:.0f} of 40 in a run that logs every step, [[jpeg_gc_timing_2xh200.log]]), during which
+no garbage collection longer than 20 ms ran in either training process (script [[jpeg_gc_timing_sitecustomize.py]]);
+its cause is not found.
 With 40 steps per epoch they weigh far more than in an ImageNet epoch (2,502 steps per GPU on 2 GPUs). Without
 them (and without the 1-GPU run's first window of its second epoch), `--gpu-decode` gives {js_tv_steady_1:,.0f} img/s on 1 GPU
 and {js_tv_steady_2:,.0f} on 2: {js_tv_steady_eff:.1f}% per GPU.
