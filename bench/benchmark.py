@@ -493,7 +493,7 @@ def bench_jpeg(args, device, rows):
     configs = [  # most telling first, so that a run stopped by a time limit keeps them (Results writes every row)
         ("--dummy (no data path)", [*dummy, *graphs], {}),
         gpu_rows[0],
-        ("pytorch/examples main.py configuration: Pillow, fp32, eager", [*examples], {}),
+        ("pytorch/examples main.py configuration: Pillow, fp32, eager", examples, {}),
         *gpu_rows[1:],
         # train.py gives --gpu-decode 32 hardware queues; with CUDA's default 8 the decode waits behind graph replays
         (f"{gpu_rows[0][0]}, 8 hardware queues", gpu_rows[0][1], {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}),

@@ -406,10 +406,9 @@ def prefetch(
     from the training loop, either decoder stalls the host at every step, and the GPU with it. Each thread queues
     its work on its own side stream (``priority``: that stream's CUDA priority, -1 high), so the crops run beside
     the training; with two threads, one decodes a batch (without the GIL) while the other launches the crops of the
-    batch before it. The consumer's stream waits for
-    each batch's event, and a batch's pinned file bytes stay referenced until the GPU has read them (nvImageCodec
-    copies them from where they lie, and torch's pinned-memory cache would hand the block to another batch as soon
-    as it is freed).
+    batch before it. The consumer's stream waits for each batch's event, and a batch's pinned file bytes stay
+    referenced until the GPU has read them (nvImageCodec copies them from where they lie, and torch's pinned-memory
+    cache would hand the block to another batch as soon as it is freed).
     """
     it, lock, stop = iter(batches), threading.Lock(), threading.Event()
     q: queue.Queue = queue.Queue(maxsize=ahead)
