@@ -163,11 +163,14 @@ class Monitor:
         return out
 
 
-def script_rate(cmd: list[str], out: Path, key: str, skip: int = 2, monitor: bool = False) -> tuple[float, str, dict]:
-    """Run a train.py command; return the median of its logged ``key`` (after ``skip`` warm-up records), the
-    wall time, and with ``monitor`` the CPU cores and GPU utilisation over the records it took the median of."""
+def script_rate(
+    cmd: list[str], out: Path, key: str, skip: int = 2, monitor: bool = False, env: dict | None = None
+) -> tuple[float, str, dict]:
+    """Run a train.py command (``env``: variables to add); return the median of its logged ``key`` (after ``skip``
+    warm-up records), the wall time, and with ``monitor`` the CPU cores and GPU utilisation over the records it
+    took the median of."""
     t0 = time.time()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     mon = Monitor(p.pid) if monitor else None
     stdout, stderr = p.communicate()
@@ -186,16 +189,18 @@ def cmd_str(cmd: list[str]) -> str:
 
 
 def script_row(
-    bench: str, what: str, cmd: list[str], out: Path, key: str, skip: int = 2, monitor: bool = False, **extra
-) -> dict:
+    bench: str, what: str, cmd: list[str], out: Path, key: str, skip: int = 2, monitor: bool = False,
+    env: dict | None = None, **extra,
+) -> dict:  # fmt: skip
     """Run a train.py command and return its results row: the median ``key``, wall time and exact command.
     A failed run becomes a FAILED row, so one broken configuration does not lose the measurements after it."""
     try:
-        rate, wall, usage = script_rate(cmd, out, key, skip, monitor)
+        rate, wall, usage = script_rate(cmd, out, key, skip, monitor, env)
     except RuntimeError as e:
         print(e, file=sys.stderr)
         return {"bench": bench, "what": f"FAILED: {what}"}
-    return {"bench": bench, "what": what, **extra, key: rate, **usage, "wall": wall, "cmd": cmd_str(cmd)}
+    prefix = "".join(f"{k}={v} " for k, v in (env or {}).items())  # the command as a shell would take it
+    return {"bench": bench, "what": what, **extra, key: rate, **usage, "wall": wall, "cmd": prefix + cmd_str(cmd)}
 
 
 # ------------------------------------------------------------------ measurements
@@ -464,8 +469,9 @@ def profile_gpu_decode(args, root: Path, device, decoder: str, steps: int = 8) -
 def bench_jpeg(args, device, rows):
     """ResNet-50 on real JPEG files, ImageNet-sized (500x375, ~100 KB at quality 90, photo-like texture), every data
     path in the same run: --dummy (no data path), the Pillow DataLoader, --gpu-decode with torchvision's nvJPEG
-    and with nvImageCodec's hardware decoders, and the pytorch/examples main.py configuration (Pillow, fp32,
-    eager) as the user's baseline. Each row also reports CPU cores busy and GPU SM utilisation."""
+    and with nvImageCodec's hardware decoders (with CUDA graphs, and torchvision's also without them and with CUDA's
+    default 8 hardware queues), and the pytorch/examples main.py configuration (Pillow, fp32, eager) as the user's
+    baseline. Each row also reports CPU cores busy and GPU SM utilisation."""
     root, n_train, n_val, size = Path(args.out) / "jpeg500", args.jpeg_images, 512, (500, 375)
     if args.tiny:
         n_train, n_val, size = 16, 8, (40, 30)
@@ -481,24 +487,25 @@ def bench_jpeg(args, device, rows):
     fast = ["--amp", "bf16", "--channels-last", "--compile"] if cuda and not args.tiny else []
     graphs = [*fast, "--compile-mode", "reduce-overhead"] if fast else []  # CUDA graphs: launching costs ~no host time
     gpu_rows = [
-        (f"--gpu-decode --gpu-decoder {d}", ["--gpu-decode", "--gpu-decoder", d, "-j", jg, *graphs]) for d in decoders
+        (f"--gpu-decode --gpu-decoder {d}", ["--gpu-decode", "--gpu-decoder", d, "-j", jg, *graphs], {})
+        for d in decoders
     ]
     dummy = ["--dummy", "--dummy-sizes", str(n_train), str(n_val), "-j", j]
+    examples = ["-j", j, "--amp", "none", "--no-channels-last"]
     configs = [  # most telling first, so that a run stopped by a time limit keeps them (Results writes every row)
-        ("--dummy (no data path)", [*dummy, *graphs]),
+        ("--dummy (no data path)", [*dummy, *graphs], {}),
         gpu_rows[0],
-        (
-            "pytorch/examples main.py configuration: Pillow, fp32, eager",
-            ["-j", j, "--amp", "none", "--no-channels-last"],
-        ),
+        ("pytorch/examples main.py configuration: Pillow, fp32, eager", examples, {}),
         *gpu_rows[1:],
-        ("--gpu-decode --gpu-decoder torchvision", ["--gpu-decode", "-j", jg, *fast]),  # without CUDA graphs: the
-        ("--dummy (no data path)", [*dummy, *fast]),  # host launches every kernel, beside the decoding threads
-        ("Pillow DataLoader", ["-j", j, *fast]),
-    ]
+        # train.py gives --gpu-decode 32 hardware queues; with CUDA's default 8 the decode waits behind graph replays
+        (f"{gpu_rows[0][0]}, 8 hardware queues", gpu_rows[0][1], {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}),
+        ("--gpu-decode --gpu-decoder torchvision", ["--gpu-decode", "-j", jg, *fast], {}),  # without CUDA graphs: the
+        ("--dummy (no data path)", [*dummy, *fast], {}),  # host launches every kernel, beside the decoding threads
+        ("Pillow DataLoader", ["-j", j, *fast], {}),
+    ]  # fmt: skip
     if args.tiny:  # one row runs this loop, its decoder part included; the others are the same with other flags
         configs = [gpu_rows[0]]
-    for name, flags in configs:
+    for name, flags, env in configs:
         out = Path(args.out) / f"jpeg_{len(rows)}"
         data = [] if "--dummy" in flags else [str(root)]
         cmd = [sys.executable, "imagenet/train.py", *data, "-a", "resnet50", "-b", str(b), "--epochs", "1",
@@ -511,13 +518,13 @@ def bench_jpeg(args, device, rows):
             + (", bf16 + channels_last + compile" * ("--compile" in flags))
             + (" + CUDA graphs" * ("reduce-overhead" in flags))
         )
-        row = script_row("jpeg", what_run, cmd, out, "img_per_s", 2 if not args.tiny else 1, monitor=True, batch=b)
+        row = script_row("jpeg", what_run, cmd, out, "img_per_s", 2 if not args.tiny else 1, True, env, batch=b)
         decoder = flags[flags.index("--gpu-decoder") + 1] if "--gpu-decoder" in flags else None
         if decoder is not None:
             row["pixel_check"] = checks[decoder]
             stdout = (out / "stdout.txt").read_text() if (out / "stdout.txt").exists() else ""
             row["decoded"] = next((ln for ln in stdout.splitlines() if " decoded (rank 0): " in ln), "")
-            if not args.tiny and args.jpeg_profile:
+            if not args.tiny and args.jpeg_profile and not env:  # in this process: one profile per decoder
                 try:
                     row["profile"] = profile_gpu_decode(args, root, device, decoder)
                 except Exception as e:  # the profile is extra: keep the timing row

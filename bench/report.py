@@ -91,6 +91,15 @@ def since_start(log: str, tag: str) -> float:
     return grab(log, r"wall ([\d.]+)s since start\n\[\d+ s wall\] [^\n]*" + re.escape(tag))
 
 
+def stall(log: str) -> dict:
+    """The slowest step of a run that logs every step, after the first two: its number and its milliseconds."""
+    train = records(log)
+    step, ms = max(
+        ((b["step"], 1e3 * (b["time"] - a["time"])) for a, b in zip(train[2:], train[3:])), key=lambda t: t[1]
+    )
+    return {"step": step, "ms": ms}
+
+
 def eff(f, many: str, one: str, n: int) -> float:
     """Per-GPU weak-scaling efficiency in %: throughput on n GPUs against n times one GPU's."""
     return 100 * f[many] / (n * f[one])
@@ -104,7 +113,9 @@ JPEG_ROWS = {  # key -> the bench row (after JPEG_ROW) in JPEG
     "ng": "--gpu-decode --gpu-decoder nvimgcodec, bf16 + channels_last + compile + CUDA graphs",
     "ex": "pytorch/examples main.py configuration: Pillow, fp32, eager",
     "pl": "Pillow DataLoader, bf16 + channels_last + compile",
+    "t8": "--gpu-decode --gpu-decoder torchvision, 8 hardware queues, bf16 + channels_last + compile + CUDA graphs",
 }
+JPEG_GRAPHS = ("dg", "tg", "ng", "t8")  # their share is of --dummy with CUDA graphs, the others' of --dummy without
 HWQ = "jpeg_decode_hwqueues_4xh200host.log"  # two runs: CUDA_DEVICE_MAX_CONNECTIONS=8, then 32
 CROPS = "torchvision: crop+resize+flip+normalize of 256 decoded images"
 
@@ -170,6 +181,7 @@ JPEG_ROW = "imagenet/train.py ResNet-50, 20480 JPEGs of 500x375 q90 (100 KB), "
 BR = "jpeg_batched_resize_1xh200.log"
 BC = "jpeg_batched_connections_1xh200.log"
 BT = "jpeg_batched_timeline_1xh200.log"
+SW = "jpeg_switch_interval_1xh200.log"
 PK_STEP = "bare step base, packed 64x1024 rows, 63775 real target tokens, bf16, compile, "
 
 CB = "cifar_script_bare_1xh200.json"
@@ -190,9 +202,45 @@ FIGURES = {
         for k in JPEG_ROWS
         for col in ("img_per_s", "cpu_cores", "sm_util", "jpg_util")
     },
-    **per_f(JPEG_ROWS, "jpeg_{}_share", lambda f, k: 100 * f[f"jpeg_{k}_img_per_s"] / f["jpeg_dm_img_per_s"]),
+    **per_f(
+        JPEG_ROWS,
+        "jpeg_{}_share",
+        lambda f, k: (
+            100 * f[f"jpeg_{k}_img_per_s"] / f["jpeg_dg_img_per_s" if k in JPEG_GRAPHS else "jpeg_dm_img_per_s"]
+        ),
+    ),
     **per_f(JPEG_ROWS, "jpeg_{}_x", lambda f, k: f[f"jpeg_{k}_img_per_s"] / f["jpeg_ex_img_per_s"]),
-    "jpeg_tv_gap": lambda f: 100 - f["jpeg_tv_share"],
+    "jpeg_tg_gap": lambda f: 100 - f["jpeg_tg_share"],
+    # the GIL switch interval and CUDA graphs with 32 queues, imagenet/train.py rows on another H200 host
+    **{
+        f"sw_{k}": (lambda f, name=name: final(SW)[name])
+        for k, name in (
+            ("5", "--gpu-decode, switch interval 5 ms (default)"),
+            ("1", "--gpu-decode, switch interval 1 ms"),
+            ("01", "--gpu-decode, switch interval 0.1 ms"),
+            ("g32", "--gpu-decode + CUDA graphs, 32 hardware queues"),
+            ("dm", "--dummy"),
+        )
+    },
+    # --gpu-decode and --dummy (CUDA graphs) on 1 and 2 GPUs of one host (bench/reproduce.sh jpeg-scaling)
+    **{
+        f"js_{k}_{n}": (lambda f, name=name, n=n: median(f"jpeg_{name}_{n}xh200.jsonl", "img_per_s"))
+        for k, name in (("tv", "gpu_decode"), ("dm", "dummy"))
+        for n in (1, 2)
+    },
+    **per_f(("tv", "dm"), "js_{}_eff", lambda f, k: eff(f, f"js_{k}_2", f"js_{k}_1", 2)),
+    **per_f((1, 2), "js_share_{}", lambda f, n: 100 * f[f"js_tv_{n}"] / f[f"js_dm_{n}"]),
+    "js_tv_2_min": lambda f: min(r["img_per_s"] for r in records("jpeg_gpu_decode_2xh200.jsonl")[2:]),
+    "js_tv_2_max": lambda f: max(r["img_per_s"] for r in records("jpeg_gpu_decode_2xh200.jsonl")[2:]),
+    "js_dm_2_min": lambda f: min(r["img_per_s"] for r in records("jpeg_dummy_2xh200.jsonl")[2:]),
+    "js_dm_loss": lambda f: 100 - f["js_dm_eff"],
+    # the same medians without the slow windows named in the text: each later epoch's first, the first epoch's last
+    "js_tv_steady_1": lambda f: median("jpeg_gpu_decode_1xh200.jsonl", "img_per_s", drop=(90,)),
+    "js_tv_steady_2": lambda f: median("jpeg_gpu_decode_2xh200.jsonl", "img_per_s", drop=(40, 50, 90)),
+    "js_tv_steady_eff": lambda f: eff(f, "js_tv_steady_2", "js_tv_steady_1", 2),
+    # the same 2-GPU run logging every step, each process reporting its garbage collections: the slowest step after
+    # the first two (compilation, CUDA graph recording)
+    **per_f(("step", "ms"), "js_stall_{}", lambda f, k: stall("jpeg_gc_timing_2xh200.jsonl")[k]),
     # each decoder's pixel check rides on its CUDA-graphs row
     "px_tv": lambda f: row(JPEG, JPEG_ROW + JPEG_ROWS["tg"], "pixel_check")["max_mad_vs_pillow"],
     "px_nv": lambda f: row(JPEG, JPEG_ROW + JPEG_ROWS["ng"], "pixel_check")["max_mad_vs_pillow"],
@@ -204,6 +252,10 @@ FIGURES = {
     "br_diff": lambda f: final(BR)["torchvision: batched vs per-image, max abs diff"],
     "br_resident": lambda f: final(BR)["resident ms"],
     "br_tv_stream": lambda f: final(BR)["torchvision: kernel ms/step by stream, batched"]["7"],
+    "br_tv_other": lambda f: (
+        sum(final(BR)["torchvision: kernel ms/step by stream, batched"].values()) - f["br_tv_stream"]
+    ),
+    "br_tv_other_share": lambda f: 100 * f["br_tv_other"] / f["br_resident"],
     # fed step with 8 or 32 hardware queues (medians of three repetitions), and the profiled window (8 queues)
     **{
         f"bc{q}_{k}_{t}": (lambda f, q=q, d=d, t=t: final(BC, q == 32)[f"{d}: fed ms/step, {t} thread(s)"]["median"])
@@ -433,8 +485,9 @@ Headline speed (each against a baseline measured in the same run where one is na
 - **ResNet-50 weak scaling**, batch 256 per GPU, bf16 + channels_last: {rn50_e2_eff:.1f}% per GPU on 2 H100s and
   {rn50_e4_eff:.1f}% on 4 (eager); {rn50_c4_eff:.1f}% on 4 with `--compile` ({rn50_c4:,.0f} img/s). On one H200 in fp32
   the script runs at {rn50_fp32_ratio:.0f}% of a bare training step ({rn50_fp32_script:,.0f} img/s).
-- **Real JPEGs**, ImageNet-sized, one H200: `--gpu-decode` trains ResNet-50 at **{jpeg_tv_img_per_s:,.0f} img/s**
-  ({jpeg_tv_share:.0f}% of `--dummy`), {jpeg_tv_x:.1f}× the pytorch/examples configuration on the same files.
+- **Real JPEGs**, ImageNet-sized, one H200: `--gpu-decode` with CUDA graphs trains ResNet-50 at
+  **{jpeg_tg_img_per_s:,.0f} img/s** ({jpeg_tg_share:.0f}% of `--dummy`), {jpeg_tg_x:.1f}× the pytorch/examples configuration on
+  the same files; on 2 GPUs {js_tv_eff:.0f}% per GPU (`--dummy`: {js_dm_eff:.0f}%).
 - **CIFAR-10**, one H100: `--gpu-data` reaches {cg_20:.1f}% in {cg_s:.1f} s (20 epochs), the DataLoader path
   {cl_20:.1f}% in {cl_s:.1f} s.
 - **Transformer `base`**, one H100, packed rows: `--compile` trains at {tr_c1:,.0f} target tokens/s
@@ -467,24 +520,36 @@ with `CUDA_VISIBLE_DEVICES=0,1` and `2,3` (one world of 4). The baseline is the 
     "rn50-jpeg": """\
 Hardware: {H200}. Command: `python3 bench/benchmark.py --only jpeg --no-jpeg-profile --out /tmp/jb`, which writes
 20,480 + 512 ImageNet-sized JPEGs (500×375, quality 90, texture at six scales, 100 KB on average) and trains one
-epoch of ResNet-50 (80 steps of 256) with each data path, one after the other in the same run. img/s is the median of
-the 10-step windows after the first two; the exact command of each row is in [[{JPEG}]] (console
-[[jpeg_decode_paths_1xh200.log]]). CPU cores busy is the processes' CPU time over wall time; SM and JPEG-engine use
-are NVML's, sampled during the run.
+epoch of ResNet-50 (80 steps of 256, bf16, channels_last, `--compile`) with each data path, one after the other in
+the same run. img/s is the median of the 10-step windows after the first two; the exact command of each row is in
+[[{JPEG}]] (console [[jpeg_decode_paths_1xh200.log]]). The share of a CUDA-graphs row is of `--dummy` with CUDA
+graphs, the others' of `--dummy` without. CPU cores busy is the processes' CPU time over wall time; SM and JPEG-engine use are NVML's, sampled
+during the run.
 
 | data path | img/s | of `--dummy` | CPU cores busy | SM busy | JPEG engines busy |
 |---|---|---|---|---|---|
-| `--dummy` (no data path), bf16 + channels_last + `--compile`: the ceiling | {jpeg_dm_img_per_s:,.0f} | 100% | {jpeg_dm_cpu_cores:.1f} | {jpeg_dm_sm_util:.0f}% | — |
-| `--gpu-decode` (torchvision `decode_jpeg(device="cuda")`, the default), `-j 8`, same precision | **{jpeg_tv_img_per_s:,.0f}** | **{jpeg_tv_share:.0f}%** | {jpeg_tv_cpu_cores:.1f} | {jpeg_tv_sm_util:.0f}% | {jpeg_tv_jpg_util:.0f}% |
-| `--dummy`, CUDA graphs (`--compile-mode reduce-overhead`) | {jpeg_dg_img_per_s:,.0f} | {jpeg_dg_share:.0f}% | {jpeg_dg_cpu_cores:.1f} | {jpeg_dg_sm_util:.0f}% | — |
-| `--gpu-decode`, CUDA graphs | {jpeg_tg_img_per_s:,.0f} | {jpeg_tg_share:.0f}% | {jpeg_tg_cpu_cores:.1f} | {jpeg_tg_sm_util:.0f}% | {jpeg_tg_jpg_util:.0f}% |
+| `--dummy` (no data path), CUDA graphs (`--compile-mode reduce-overhead`): the ceiling | {jpeg_dg_img_per_s:,.0f} | 100% | {jpeg_dg_cpu_cores:.1f} | {jpeg_dg_sm_util:.0f}% | — |
+| **`--gpu-decode`** (torchvision `decode_jpeg(device="cuda")`, the default), `-j 8`, CUDA graphs | **{jpeg_tg_img_per_s:,.0f}** | **{jpeg_tg_share:.1f}%** | {jpeg_tg_cpu_cores:.1f} | {jpeg_tg_sm_util:.0f}% | {jpeg_tg_jpg_util:.0f}% |
 | `--gpu-decode --gpu-decoder nvimgcodec` (hardware decoders), CUDA graphs | {jpeg_ng_img_per_s:,.0f} | {jpeg_ng_share:.0f}% | {jpeg_ng_cpu_cores:.1f} | {jpeg_ng_sm_util:.0f}% | {jpeg_ng_jpg_util:.0f}% |
-| Pillow DataLoader, 16 workers, bf16 + channels_last + `--compile` | {jpeg_pl_img_per_s:,.0f} | {jpeg_pl_share:.0f}% | {jpeg_pl_cpu_cores:.1f} | {jpeg_pl_sm_util:.0f}% | — |
+| `--gpu-decode`, CUDA graphs, with CUDA's default 8 hardware queues (`CUDA_DEVICE_MAX_CONNECTIONS=8`) | {jpeg_t8_img_per_s:,.0f} | {jpeg_t8_share:.0f}% | {jpeg_t8_cpu_cores:.1f} | {jpeg_t8_sm_util:.0f}% | {jpeg_t8_jpg_util:.0f}% |
+| `--dummy`, without CUDA graphs | {jpeg_dm_img_per_s:,.0f} | 100% | {jpeg_dm_cpu_cores:.1f} | {jpeg_dm_sm_util:.0f}% | — |
+| `--gpu-decode`, without CUDA graphs | {jpeg_tv_img_per_s:,.0f} | {jpeg_tv_share:.1f}% | {jpeg_tv_cpu_cores:.1f} | {jpeg_tv_sm_util:.0f}% | {jpeg_tv_jpg_util:.0f}% |
+| Pillow DataLoader, 16 workers, without CUDA graphs | {jpeg_pl_img_per_s:,.0f} | {jpeg_pl_share:.0f}% | {jpeg_pl_cpu_cores:.1f} | {jpeg_pl_sm_util:.0f}% | — |
 | pytorch/examples `main.py` configuration: Pillow on 16 workers, fp32, eager: the user's baseline | {jpeg_ex_img_per_s:,.0f} | {jpeg_ex_share:.0f}% | {jpeg_ex_cpu_cores:.1f} | {jpeg_ex_sm_util:.0f}% | — |
 
-`--gpu-decode` is {jpeg_tv_x:.2f}× the pytorch/examples configuration on the same files; `--dummy` itself is
-{jpeg_dm_x:.2f}× it, the most any data path can reach on this GPU. Both decoders' pixels match Pillow's (largest
-mean absolute difference over 36 files: torchvision {px_tv:.1f} levels, nvImageCodec {px_nv:.2f}).
+`--gpu-decode` with CUDA graphs is {jpeg_tg_x:.2f}× the pytorch/examples configuration on the same files; `--dummy`
+itself is {jpeg_dg_x:.2f}× it, the most any data path can reach on this GPU. Both decoders' pixels match Pillow's
+(largest mean absolute difference over 36 files: torchvision {px_tv:.1f} levels, nvImageCodec {px_nv:.2f}).
+
+**32 hardware queues.** CUDA runs the streams of a process on 8 hardware queues by default, so the decode's side
+stream shares one with the training stream, and work queued there holds it up: one `GpuTransform` call took
+{hq8_tv_busy:.0f} ms behind 180 queued matmuls instead of {hq8_tv_idle:.0f} ms on an idle GPU, and {hq32_tv_busy:.0f} ms with
+`CUDA_DEVICE_MAX_CONNECTIONS=32` ([[jpeg_decode_hwqueues_4xh200host.log]]). A CUDA graph replay is one long piece
+of queued work: with 8 queues, `--gpu-decode` with CUDA graphs reaches only {jpeg_t8_share:.0f}% of `--dummy` (the table's
+8-queue row), against {jpeg_tg_share:.0f}% with 32.
+`imagenet/train.py --gpu-decode` therefore sets `CUDA_DEVICE_MAX_CONNECTIONS=32` before CUDA starts, unless the
+variable is already set. On another H200 host ([[jpeg_switch_interval_1xh200.log]], script
+[[jpeg_switch_interval.py]]), graphs with 32 queues gave {sw_g32:,.0f} img/s against {sw_dm:,.0f} for `--dummy`.
 
 **The crops.** `GpuTransform` crops, resizes (antialiased bilinear), flips and normalizes a whole batch in one
 Triton kernel (`imagenet/crop_resize.py`). In-process on the same kind of GPU ([[jpeg_batched_resize_1xh200.log]],
@@ -492,26 +557,47 @@ script [[jpeg_batched_resize.py]]), that stage takes {br_tv_batched_gpu:.1f} ms 
 time per batch of 256 decoded images, against {br_tv_per_image_gpu:.1f} and {br_tv_per_image_host:.1f} ms for torch's resize called per
 image (two or three kernels each), with outputs equal within {br_diff:.0e} (the fed step's top kernels:
 [[jpeg_batched_resize_profile_torchvision_1xh200.txt]], [[jpeg_batched_resize_profile_nvimgcodec_1xh200.txt]]). While it trains on fed batches, the
-training stream runs {br_tv_stream:.1f} ms of kernels per step, as on a resident batch ({br_resident:.1f} ms wall): the data
-path no longer slows the training kernels down.
+training stream runs {br_tv_stream:.1f} ms of kernels per step, as on a resident batch ({br_resident:.1f} ms wall).
 
-**Where the remaining {jpeg_tv_gap:.0f}% goes.** Not to waiting for data: in a profiled window the training loop waits
+**Where the remaining {jpeg_tg_gap:.0f}% goes.** The data path's own kernels (decode, crops, copies) run beside the
+training on the same SMs: {br_tv_other:.1f} ms of kernels per step on the other streams in the profile above, {br_tv_other_share:.0f}% of a
+resident step, on a GPU that `--dummy` keeps {jpeg_dg_sm_util:.0f}% busy. The rest is not profiled with CUDA graphs.
+Without graphs the host launches every kernel, and the training stream also waits for the Python threads that
+launch them, which share the interpreter with the decoding threads: in a profiled window (8 queues) the training
+stream sits idle between kernels, and each kernel starts as soon as the call that launches it returns
+([[jpeg_batched_timeline_gaps_1xh200.log]], script [[jpeg_batched_timeline_gaps.py]]), while the loop waits only
 {bt8_tv_wait:.1f} ms (median) for each batch ([[jpeg_batched_timeline_1xh200.log]], script [[jpeg_batched_timeline.py]]).
-The training stream sits idle between kernels, and each kernel starts as soon as the call that launches it returns
-([[jpeg_batched_timeline_gaps_1xh200.log]], script [[jpeg_batched_timeline_gaps.py]]): the GPU waits for the Python threads that launch the forward and backward
-passes, which share the interpreter with the decoding threads (under the profiler, which slows every launch, those
-gaps are {bt8_tv_idle:.0f}% of the window). CUDA graphs remove those launches but made the fed step slower
-({jpeg_tg_img_per_s:,.0f} against {jpeg_tv_img_per_s:,.0f} img/s) while `--dummy` stayed the same. The likely cause is the one
-measured for a decode behind queued matmuls: it waits for work queued before it on the same hardware queue
-({hq8_tv_busy:.0f} ms instead of {hq8_tv_idle:.0f} ms idle, {hq32_tv_busy:.0f} ms with `CUDA_DEVICE_MAX_CONNECTIONS=32`;
-[[jpeg_decode_hwqueues_4xh200host.log]]), and a graph replay is one long piece of queued work. Without graphs, 32
-hardware queues did not make the fed step reliably faster (median {bc8_tv_1:.1f} ms with 8 and {bc32_tv_1:.1f} ms with 32,
-one prefetch thread, resident {bc8_resident:.1f} ms; repetitions spread by several ms; [[jpeg_batched_connections_1xh200.log]],
-script [[jpeg_batched_connections.py]]); with graphs they are not measured.
+Many of the longest gaps last 5–7 ms, about CPython's 5 ms GIL switch interval, but a shorter interval did not help
+reliably ({sw_5:,.0f} img/s at 5 ms, {sw_1:,.0f} at 1 ms, {sw_01:,.0f} at 0.1 ms, one run each, 8 queues;
+[[jpeg_switch_interval_1xh200.log]]).
 
-**nvImageCodec** decodes on the JPEG engines, yet its fed step is slower than torchvision's ({bc8_nv_1:.1f} ms with one
-prefetch thread, {bc8_nv_2:.1f} with two), and its region-of-interest decode (only each crop's box) sent every image to
-the CPU decoder in an earlier test ([[jpeg_decode_overlap_variants_1xh100.log]]), so crops are decoded whole.
+**Two GPUs.** `bash bench/reproduce.sh jpeg-scaling --gpus 2` on one host with 2 H200s and 32 CPU cores (torch
+2.11, CUDA 13.0): both paths with CUDA graphs, `-j 8` per GPU, the same 20,480 JPEGs, 2 epochs on 1 GPU and 3 on 2
+(160 and 120 steps per GPU), the median of the 10-step windows after the first two
+([[console_jpeg_scaling_2xh200.log]]).
+
+| data path | 1 GPU | 2 GPUs | per-GPU efficiency | logs |
+|---|---|---|---|---|
+| `--dummy` | {js_dm_1:,.0f} | {js_dm_2:,.0f} | {js_dm_eff:.1f}% | [[jpeg_dummy_1xh200.jsonl]], [[jpeg_dummy_2xh200.jsonl]] |
+| `--gpu-decode` | {js_tv_1:,.0f} ({js_share_1:.0f}% of `--dummy`) | {js_tv_2:,.0f} ({js_share_2:.0f}%) | {js_tv_eff:.1f}% | [[jpeg_gpu_decode_1xh200.jsonl]], [[jpeg_gpu_decode_2xh200.jsonl]] |
+
+`--dummy` itself loses {js_dm_loss:.0f}% per GPU on 2 GPUs with `--compile` (the last gradient bucket's all-reduce cannot
+overlap the backward pass; see the weak-scaling table above). `--gpu-decode`'s 2-GPU windows range from
+{js_tv_2_min:,.0f} to {js_tv_2_max:,.0f} img/s (`--dummy`'s lowest: {js_dm_2_min:,.0f}). The slow ones are the first window of the
+second and third epochs (the timer restarts after the evaluation, so this is the training loader's workers and the
+decode thread starting the epoch's first batches) and the last window of the first epoch. That one is a single
+step of about {js_stall_ms:,.0f} ms (step {js_stall_step:.0f} of 40 in a run that logs every step, [[jpeg_gc_timing_2xh200.log]]), during which
+no garbage collection longer than 20 ms ran in either training process (script [[jpeg_gc_timing_sitecustomize.py]]);
+its cause is not found.
+With 40 steps per epoch they weigh far more than in an ImageNet epoch (2,502 steps per GPU on 2 GPUs). Without
+them (and without the 1-GPU run's first window of its second epoch), `--gpu-decode` gives {js_tv_steady_1:,.0f} img/s on 1 GPU
+and {js_tv_steady_2:,.0f} on 2: {js_tv_steady_eff:.1f}% per GPU.
+
+**nvImageCodec** decodes on the JPEG engines, yet it is slower than torchvision's decode in every comparison: in
+the table, and in-process without graphs ({bc8_nv_1:.1f} ms per fed step with one prefetch thread, {bc8_nv_2:.1f} with two, against
+{bc8_tv_1:.1f} for torchvision; [[jpeg_batched_connections_1xh200.log]], script [[jpeg_batched_connections.py]]). Its
+region-of-interest decode (only each crop's box) sent every image to the CPU decoder in an earlier test
+([[jpeg_decode_overlap_variants_1xh100.log]]), so crops are decoded whole.
 """,
     "cifar-recipes": """\
 Three recipes, each with `C="cifar_resnet/train.py --data-dir /tmp/c --val-split 5000 --gpu-data --compile -b 512 -j

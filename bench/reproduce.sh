@@ -6,7 +6,7 @@
 #   rn50         ResNet-50 --dummy: bare step against the script (fp32), weak scaling eager and compiled
 #   jpeg         ResNet-50 on ImageNet-sized JPEGs: --dummy and --gpu-decode (with and without CUDA graphs), nvImageCodec,
 #                Pillow, the pytorch/examples setup; then jpeg-scaling
-#   jpeg-scaling --gpu-decode (torchvision) on 1, 2, 4 ... GPUs, the same 20,480 JPEGs (2 GPUs: about 3 minutes)
+#   jpeg-scaling --gpu-decode (torchvision) and --dummy, CUDA graphs, on 1, 2, 4 ... GPUs, 20,480 JPEGs (2 GPUs: ~6 min)
 #   cifar        CIFAR-10 recipes ($CIFAR_SEEDS seeds, default 3; one run per GPU, in rounds): fast and full ResNet-18,
 #                full ResNet-50 on 1 GPU and on 2; then each data path for 20 epochs
 #   transformer  1 GPU: transformer base, the bare step against the script on Multi30k x 8 (--compile); the small
@@ -78,14 +78,16 @@ m8_data() { # Multi30k x 8 in /tmp/m8 (232,000 pairs), so that an epoch holds en
   done
 }
 
-jpeg_scaling() { # --gpu-decode (torchvision) on 1, 2, 4 ... GPUs: the same 20,480 JPEGs, 80 steps on one GPU
+jpeg_scaling() { # --gpu-decode (torchvision) and --dummy on 1, 2, 4 ... GPUs, CUDA graphs: the same 20,480 JPEGs
   [ -d /tmp/jpeg_scaling/train ] || python3 -c 'import os, sys; sys.path.insert(0, "bench"); from pathlib import Path
 from benchmark import make_jpeg_folder; make_jpeg_folder(Path("/tmp/jpeg_scaling"), 20480, 512, workers=min(32, os.cpu_count()))'
-  J=(imagenet/train.py /tmp/jpeg_scaling -a resnet50 -b 256 --epochs 1 -p 5 --resume none --gpu-decode -j 8
-    --amp bf16 --channels-last --compile)
-  for n in "${counts[@]}"; do
-    launch "$n" "${J[@]}" --output-dir "/tmp/jpeg_tv$n" 2>&1 | tee "$out/jpeg_gpu_decode_${n}x$hw.log" &&
-      keep "/tmp/jpeg_tv$n" "jpeg_gpu_decode_${n}x"
+  J=(imagenet/train.py -a resnet50 -b 256 -p 10 --resume none -j 8 --amp bf16 --channels-last --compile
+    --compile-mode reduce-overhead)
+  for n in "${counts[@]}"; do # n + 1 epochs: 160 steps on 1 GPU, 120 per GPU on 2, epoch starts included
+    launch "$n" "${J[@]}" --epochs $((n + 1)) /tmp/jpeg_scaling --gpu-decode --output-dir "/tmp/jpeg_tv$n" 2>&1 |
+      tee "$out/jpeg_gpu_decode_${n}x$hw.log" && keep "/tmp/jpeg_tv$n" "jpeg_gpu_decode_${n}x"
+    launch "$n" "${J[@]}" --epochs $((n + 1)) --dummy --dummy-sizes 20480 512 --output-dir "/tmp/jpeg_dm$n" 2>&1 |
+      tee "$out/jpeg_dummy_${n}x$hw.log" && keep "/tmp/jpeg_dm$n" "jpeg_dummy_${n}x"
   done
 }
 

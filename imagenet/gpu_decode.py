@@ -401,14 +401,14 @@ def prefetch(
     whichever stream: on an H200 a transform call with torchvision's CUDA ``decode_jpeg`` took 20 ms for a batch of
     256 on an idle GPU and 292 ms behind 180 queued matmuls; with nvImageCodec 37 and 298 ms
     (docs/runs/jpeg_decode_hwqueues_4xh200host.log). CUDA runs the streams on 8 hardware queues by default, and the
-    decoders' streams share them with the training's (CUDA_DEVICE_MAX_CONNECTIONS=32 cut the wait to 45-51 ms,
-    without reliably faster fed steps: BENCHMARKS.md). Called from the training loop, either decoder stalls the host
-    at every step, and the GPU with it. Each thread queues its work on its own side stream (``priority``: that
-    stream's CUDA priority, -1 high), so the crops run beside the training; with two threads, one decodes a batch
-    (without the GIL) while the other launches the crops of the batch before it. The consumer's stream waits for
-    each batch's event, and a batch's pinned file bytes stay referenced until the GPU has read them (nvImageCodec
-    copies them from where they lie, and torch's pinned-memory cache would hand the block to another batch as soon
-    as it is freed).
+    decoders' streams share them with the training's: CUDA_DEVICE_MAX_CONNECTIONS=32 cut that wait to 45-51 ms,
+    and imagenet/train.py sets it (with CUDA graphs, a replay is one long wait otherwise: BENCHMARKS.md). Called
+    from the training loop, either decoder stalls the host at every step, and the GPU with it. Each thread queues
+    its work on its own side stream (``priority``: that stream's CUDA priority, -1 high), so the crops run beside
+    the training; with two threads, one decodes a batch (without the GIL) while the other launches the crops of the
+    batch before it. The consumer's stream waits for each batch's event, and a batch's pinned file bytes stay
+    referenced until the GPU has read them (nvImageCodec copies them from where they lie, and torch's pinned-memory
+    cache would hand the block to another batch as soon as it is freed).
     """
     it, lock, stop = iter(batches), threading.Lock(), threading.Event()
     q: queue.Queue = queue.Queue(maxsize=ahead)

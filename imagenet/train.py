@@ -222,6 +222,10 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
         if launch.launcher not in ("single", "dist-url"):
             raise UserError(f"--gpu picks one process's GPU; under {launch.launcher} each rank uses its local rank")
         launch = dataclasses.replace(launch, local_rank=args.gpu)
+    if args.gpu_decode:  # read when CUDA makes its context, so before setup_distributed picks the device
+        # CUDA runs streams on 8 hardware queues by default: the decode's stream shares one with the training's and
+        # waits behind the work queued there, a whole CUDA graph replay included (BENCHMARKS.md). 32 gives it its own.
+        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
     info = setup_distributed(args, launch=launch)
     device = info.device
     seed_everything(args.seed, info.rank)
@@ -365,7 +369,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
             model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True
         )
     # --compile-mode reduce-overhead replays the forward and backward as CUDA graphs: a step costs the host almost
-    # nothing to launch. With --gpu-decode it measured slower (BENCHMARKS.md): the decode waits behind each replay.
+    # nothing to launch, which matters most with --gpu-decode, whose threads share the interpreter (BENCHMARKS.md).
     train_model = torch.compile(model, mode=args.compile_mode) if args.compile else model
     ema = None
     if args.ema_decay > 0:  # updated on every rank from the same weights; BN buffers are synced before eval

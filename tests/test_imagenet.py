@@ -251,6 +251,19 @@ def test_bad_inputs_in_process(m, data, tmp_path, monkeypatch, capsys):
         assert want in cli_error(m, monkeypatch, capsys, *argv, *out)
 
 
+def test_gpu_decode_asks_for_32_hardware_queues_unless_set(m, data, tmp_path, monkeypatch, capsys):
+    """--gpu-decode sets CUDA_DEVICE_MAX_CONNECTIONS=32 before the device is set up (CUDA reads it then); a
+    user's own value is kept. The run stops at an error raised after setup: the variable is set by then."""
+    argv = (data, "--gpu-decode", "-e", "--resume", "none", "--output-dir", tmp_path / "o")
+    for before, after in ((None, "32"), ("8", "8")):
+        monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "x")  # so that monkeypatch restores the original
+        monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS")
+        if before is not None:
+            monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", before)
+        assert "-e needs weights" in cli_error(m, monkeypatch, capsys, *argv)
+        assert os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == after
+
+
 def test_bad_inputs_from_the_command_line(tmp_path):
     """Exit code 2 and one `error:` line, no traceback, also when one worker of a distributed run finds a
     corrupt JPEG (the other rank must neither hang nor add a traceback)."""
