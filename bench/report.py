@@ -549,7 +549,7 @@ of queued work: with 8 queues, `--gpu-decode` with CUDA graphs reaches only {jpe
 8-queue row), against {jpeg_tg_share:.0f}% with 32.
 `imagenet/train.py --gpu-decode` therefore sets `CUDA_DEVICE_MAX_CONNECTIONS=32` before CUDA starts, unless the
 variable is already set. On another H200 host ([[jpeg_switch_interval_1xh200.log]], script
-[[jpeg_switch_interval.py]]), graphs with 32 queues gave {sw_g32:,.0f} img/s against {sw_dm:,.0f} for `--dummy`.
+[[jpeg_switch_interval.py]]), graphs with 32 queues gave {sw_g32:,.0f} img/s against {sw_dm:,.0f} for `--dummy` without graphs.
 
 **The crops.** `GpuTransform` crops, resizes (antialiased bilinear), flips and normalizes a whole batch in one
 Triton kernel (`imagenet/crop_resize.py`). In-process on the same kind of GPU ([[jpeg_batched_resize_1xh200.log]],
