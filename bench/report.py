@@ -47,9 +47,14 @@ def records(log: str, split: str = "train") -> list[dict]:
     ]
 
 
+def windows(log: str, key: str, skip: int = 2, drop: tuple[int, ...] = ()) -> list[float]:
+    """``key`` of the train windows after the first ``skip`` (warm-up, compilation), leaving out steps ``drop``."""
+    return [r[key] for r in records(log)[skip:] if r["step"] not in drop]
+
+
 def median(log: str, key: str, skip: int = 2, drop: tuple[int, ...] = ()) -> float:
-    """Median of the train windows after the first ``skip`` (warm-up, compilation), leaving out steps ``drop``."""
-    return statistics.median(r[key] for r in records(log)[skip:] if r["step"] not in drop)
+    """The median of those windows."""
+    return statistics.median(windows(log, key, skip, drop))
 
 
 def val(log: str, key: str, epoch: int) -> float:
@@ -230,11 +235,12 @@ FIGURES = {
     },
     **per_f(("tv", "dm"), "js_{}_eff", lambda f, k: eff(f, f"js_{k}_2", f"js_{k}_1", 2)),
     **per_f((1, 2), "js_share_{}", lambda f, n: 100 * f[f"js_tv_{n}"] / f[f"js_dm_{n}"]),
-    "js_tv_2_min": lambda f: min(r["img_per_s"] for r in records("jpeg_gpu_decode_2xh200.jsonl")[2:]),
-    "js_tv_2_max": lambda f: max(r["img_per_s"] for r in records("jpeg_gpu_decode_2xh200.jsonl")[2:]),
-    "js_dm_2_min": lambda f: min(r["img_per_s"] for r in records("jpeg_dummy_2xh200.jsonl")[2:]),
+    "js_tv_2_min": lambda f: min(windows("jpeg_gpu_decode_2xh200.jsonl", "img_per_s")),
+    "js_tv_2_max": lambda f: max(windows("jpeg_gpu_decode_2xh200.jsonl", "img_per_s")),
+    "js_dm_2_min": lambda f: min(windows("jpeg_dummy_2xh200.jsonl", "img_per_s")),
     "js_dm_loss": lambda f: 100 - f["js_dm_eff"],
-    # the same medians without the slow windows named in the text: each later epoch's first, the first epoch's last
+    # the same medians without the slow windows the text names: steps 50 and 90 end the first windows of later epochs
+    # (90 on 1 GPU), step 40 the first epoch's last window on 2 GPUs
     "js_tv_steady_1": lambda f: median("jpeg_gpu_decode_1xh200.jsonl", "img_per_s", drop=(90,)),
     "js_tv_steady_2": lambda f: median("jpeg_gpu_decode_2xh200.jsonl", "img_per_s", drop=(40, 50, 90)),
     "js_tv_steady_eff": lambda f: eff(f, "js_tv_steady_2", "js_tv_steady_1", 2),

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 # Runs in this process (a script's entry point called by a test) use one thread, like every subprocess (run() sets
@@ -17,6 +20,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -76,14 +80,93 @@ def run_parallel(cmds: list[list], env: dict | None = None, timeout: float = 240
     return procs
 
 
-def torchrun_cmd(nproc: int, *args) -> list[str]:
-    """The command line of `torchrun --standalone --nproc_per_node=N args...` (the real launcher)."""
-    return [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *map(str, args)]
+def torchrun_cmd(nproc: int, *args, restarts: int = 0) -> list[str]:
+    """The command line of `torchrun --standalone --nproc_per_node=N [--max-restarts=R] args...` (the real launcher)."""
+    elastic = [f"--max-restarts={restarts}"] if restarts else []
+    return [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *elastic, *map(str, args)]
 
 
 def torchrun(nproc: int, *args: str, **kw):
     """`torchrun --standalone --nproc_per_node=N args...` (the real launcher)."""
     return run(torchrun_cmd(nproc, *args), **kw)
+
+
+# ------------------------------------------------------------------ fault injection into a running torchrun job
+
+
+def descendants_with_rank(root_pid, rank):
+    """PIDs of train.py workers under root_pid whose environment says RANK=rank."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes()
+            env = (d / "environ").read_bytes().split(b"\0")
+            pid, ppids = int(d.name), []
+            p = pid
+            while p > 1:
+                p = int((Path("/proc") / str(p) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                ppids.append(p)
+        except (OSError, ValueError, IndexError):
+            continue
+        if b"train.py" in cmd and f"RANK={rank}".encode() in env and root_pid in ppids:
+            found.append(pid)
+    return found
+
+
+def wait_for_step(out, step, proc, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, "training ended before the fault could be injected"
+        try:
+            if torch.load(out / "last.pt", weights_only=True)["step"] >= step:
+                return
+        except (OSError, RuntimeError, EOFError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError("no checkpoint in time")
+
+
+def popen(cmd):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def preempt(cmd, out, at, target="worker", sig=signal.SIGTERM) -> tuple[int, str]:
+    """torchrun on cmd; once last.pt holds step >= at, send sig to rank 1 (or to the launcher, which forwards it):
+    every rank stops at the same step, rank 0 saves, exit 75. Returns the step of the checkpoint it saved, and the
+    log."""
+    proc = popen(torchrun_cmd(2, *cmd))
+    wait_for_step(out, at, proc)
+    os.kill(proc.pid if target == "launcher" else descendants_with_rank(proc.pid, 1)[0], sig)
+    log, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "rerun the same command to continue (exit 75)" in log, log[-3000:]
+    assert "exitcode  : 75" in log or "exitcode: 75" in log.replace(" ", "") or target == "launcher", log[-3000:]
+    return torch.load(out / "last.pt", weights_only=True)["step"], log
+
+
+def restart_after_sigkill(cmd, out, at, restarts=1) -> list[int]:
+    """torchrun --max-restarts on cmd; once last.pt holds step >= at, SIGKILL rank 1: the group restarts from last.pt
+    and finishes. Returns the steps rank 0 said it resumed from, in order."""
+    proc = popen(torchrun_cmd(2, *cmd, restarts=restarts))
+    wait_for_step(out, at, proc)
+    os.kill(descendants_with_rank(proc.pid, 1)[0], signal.SIGKILL)
+    log, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, log[-3000:]
+    return [int(s) for s in re.findall(r"resumed from .*: epoch \d+, step (\d+),", log)]
+
+
+def assert_same_training_state(ref: dict, got: dict) -> None:
+    """Two checkpoints hold the same training state, bit for bit: step, epoch, weights, every optimizer state tensor
+    (Adam's moments, SGD's momentum)."""
+    assert (got["step"], got["epoch"]) == (ref["step"], ref["epoch"])
+    for k, v in ref["model"].items():
+        assert torch.equal(v, got["model"][k]), k
+    for i, state in ref["optimizer"]["state"].items():
+        for k, v in state.items():
+            assert torch.equal(torch.as_tensor(v), torch.as_tensor(got["optimizer"]["state"][i][k])), (i, k)
 
 
 def make_jpeg_imagefolder(root: Path, split_sizes: dict[str, int], classes: int = 3, size: int = 32, seed: int = 0):

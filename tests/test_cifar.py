@@ -15,10 +15,11 @@ from tests.conftest import (
     cifar_resume_cmd,
     make_cifar_pickles,
     make_jpeg_imagefolder,
+    preempt,
+    restart_after_sigkill,
     run,
     torchrun,
 )
-from tests.test_fault import preempt, restart_after_sigkill
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cifar_resnet.data import decode_folder, gpu_random_erasing  # noqa: E402
