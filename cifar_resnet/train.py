@@ -236,7 +236,9 @@ def main(args: argparse.Namespace) -> None:
         if args.gpu_data:
             idx = torch.tensor(sampler.indices()[skip * args.batch_size :][:n], device=device, dtype=torch.long)
             gen = torch.Generator(device)
-            for i, b in enumerate(idx.split(args.batch_size), start=skip):
+            # n == 0: resumed from a checkpoint saved at the epoch's last step (--save-every-steps), where split()
+            # would still give one empty batch, hence one phantom step
+            for i, b in enumerate(idx.split(args.batch_size) if n else (), start=skip):
                 gen.manual_seed(mix_seed(args.seed, epoch, info.rank, i))  # per batch: resumable mid-epoch
                 x = normalize(gpu_crop_flip(train_x[b], gen))
                 yield (gpu_random_erasing(x, args.random_erasing, gen) if args.random_erasing else x), train_y[b]

@@ -11,6 +11,7 @@ import torch
 
 from tests.conftest import (
     PY,
+    assert_same_training_state,
     cifar_data,
     cifar_resume_cmd,
     make_cifar_pickles,
@@ -73,6 +74,25 @@ def test_jpeg_imagefolder_with_val_split(tmp_path, tiny_imagefolder, monkeypatch
                "--output-dir", out, *TINY)  # fmt: skip
     recs = check_run(out, 1, 2)
     assert [r["count"] for r in recs if r["split"] == "val"] == [9]
+
+
+def test_resume_from_a_checkpoint_saved_at_an_epoch_end(tmp_path, tmp_path_factory, monkeypatch):
+    """--save-every-steps at an epoch's last step saves (epoch e, every batch done), before the epoch ends; a job
+    killed right after resumes from it (--gpu-data, which once trained an empty batch there: a phantom step). In
+    this process: 2 epochs of 5 steps, every checkpoint kept; resuming from step 5's (epoch 0, batch 5) must train
+    steps 6-10 as the uninterrupted run did, with no step more."""
+    data = cifar_data(tmp_path_factory)  # 40 images, 1 process, batch 8: 5 steps per epoch
+    a, b = tmp_path / "a", tmp_path / "b"
+    args = ["--epochs", "2", "-b", "8", "-j", "0", "--save-every-steps", "5"]
+    in_process(monkeypatch, *cifar_resume_cmd(data, a, *args, "--keep-last", "20")[1:])
+    kept = torch.load(a / "step_00000005.pt", weights_only=True)
+    assert (kept["epoch"], kept["batch_in_epoch"], kept["step"]) == (0, 5, 5)
+    in_process(monkeypatch, *cifar_resume_cmd(data, b, *args, "--resume", a / "step_00000005.pt")[1:])
+    assert [(r["step"], r["epoch"]) for r in records(b) if r["split"] == "train"] == [(s, 1) for s in range(6, 11)]
+    assert all(r["loss"] == r["loss"] for r in records(b) if r["split"] == "train")  # no NaN from an empty batch
+    ref, got = (torch.load(x / "last.pt", weights_only=True) for x in (a, b))
+    assert_same_training_state(ref, got)
+    assert all(torch.equal(v, got["ema"][k]) for k, v in ref["ema"].items())
 
 
 @pytest.mark.parametrize("data_path", ["loader", "gpu-data"])
