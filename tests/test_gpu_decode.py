@@ -304,3 +304,24 @@ def test_nvimgcodec_decoders_match_pillow(samples, tmp_path):
         ref = torch.from_numpy(np.array(Image.open(f).convert("RGB"))).permute(2, 0, 1)
         assert img.is_cuda and img.shape == ref.shape
         assert (img.cpu().float() - ref.float()).abs().mean() <= 2, f  # levels; measured 0 on the hardware path
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_decoding_for_a_second_gpu_leaves_gpu_0_alone(samples):
+    """A rank on cuda:1 must never make a CUDA context on GPU 0: each costs GPU 0 memory, and making it froze the
+    rank for a second (with the GIL held) when prefetch's thread left its stream context. A fresh process, as a
+    torchrun rank: set_device(1), then a whole prefetch (its threads start, decode, end), then ask the driver."""
+    code = f"""
+import sys, torch
+sys.path.insert(0, {str(REPO)!r})
+from imagenet.gpu_decode import EncodedImages, GpuTransform, collate_encoded, prefetch
+torch.cuda.set_device(1)
+ds = EncodedImages({samples!r}, seed=0)
+batches = [collate_encoded([ds[(e, i)] for i in range({len(samples)})]).pin_memory() for e in range(3)]
+out = list(prefetch(batches, GpuTransform("cuda:1", 32)))
+torch.cuda.synchronize()
+print(len(out), out[0][0].device, torch._C._cuda_hasPrimaryContext(0), torch._C._cuda_hasPrimaryContext(1))
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["3", "cuda:1", "False", "True"], run.stdout
