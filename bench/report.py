@@ -96,20 +96,12 @@ def since_start(log: str, tag: str) -> float:
     return grab(log, r"wall ([\d.]+)s since start\n\[\d+ s wall\] [^\n]*" + re.escape(tag))
 
 
-def stall(log: str) -> dict:
-    """The slowest step of a run that logs every step, after the first two: its number and its milliseconds."""
-    train = records(log)
-    step, ms = max(
-        ((b["step"], 1e3 * (b["time"] - a["time"])) for a, b in zip(train[2:], train[3:])), key=lambda t: t[1]
-    )
-    return {"step": step, "ms": ms}
-
-
 def eff(f, many: str, one: str, n: int) -> float:
     """Per-GPU weak-scaling efficiency in %: throughput on n GPUs against n times one GPU's."""
     return 100 * f[many] / (n * f[one])
 
 
+PW, SGD = "jpeg_profile_window_1xh200.log", "jpeg_sgd_fused_1xh200.log"
 JPEG_ROWS = {  # key -> the bench row (after JPEG_ROW) in JPEG
     "dm": "--dummy (no data path), bf16 + channels_last + compile",
     "tv": "--gpu-decode --gpu-decoder torchvision, bf16 + channels_last + compile",
@@ -240,13 +232,40 @@ FIGURES = {
     "js_dm_2_min": lambda f: min(windows("jpeg_dummy_2xh200.jsonl", "img_per_s")),
     "js_dm_loss": lambda f: 100 - f["js_dm_eff"],
     # the same medians without the slow windows the text names: steps 50 and 90 end the first windows of later epochs
-    # (90 on 1 GPU), step 40 the first epoch's last window on 2 GPUs
+    # (90 on 1 GPU)
     "js_tv_steady_1": lambda f: median("jpeg_gpu_decode_1xh200.jsonl", "img_per_s", drop=(90,)),
-    "js_tv_steady_2": lambda f: median("jpeg_gpu_decode_2xh200.jsonl", "img_per_s", drop=(40, 50, 90)),
+    "js_tv_steady_2": lambda f: median("jpeg_gpu_decode_2xh200.jsonl", "img_per_s", drop=(50, 90)),
     "js_tv_steady_eff": lambda f: eff(f, "js_tv_steady_2", "js_tv_steady_1", 2),
-    # the same 2-GPU run logging every step, each process reporting its garbage collections: the slowest step after
-    # the first two (compilation, CUDA graph recording)
-    **per_f(("step", "ms"), "js_stall_{}", lambda f, k: stall("jpeg_gc_timing_2xh200.jsonl")[k]),
+    # imagenet/train.py profiled with CUDA graphs (docs/runs/jpeg_profile_window.py), --dummy then --gpu-decode
+    **{
+        f"pw_{k}_{what}": (
+            lambda f, k=k, pat=pat: grab(PW, rf"trace_{k}_1gpu_rank0\.json\.gz: 10 steps[^\n]*\n  " + pat)
+        )
+        for k in ("dummy", "tv")
+        for what, pat in (
+            ("wall", r"wall ([\d.]+) ms/step"),
+            ("busy", r"wall [\d.]+ ms/step; training stream busy ([\d.]+)"),
+            ("idle", r"wall [\d.]+ ms/step; training stream busy [\d.]+, idle ([\d.]+)"),
+        )
+    },
+    "pw_tv_host": lambda f: grab(PW, r"(?s)trace_tv_1gpu.*idle gaps > 0\.1 ms: [^\n]*host ([\d.]+) ms/step"),
+    "pw_tv_device": lambda f: grab(PW, r"(?s)trace_tv_1gpu.*idle gaps > 0\.1 ms: [^\n]*device ([\d.]+) ms/step"),
+    "pw_tv_crops": lambda f: grab(PW, r"(?s)trace_tv_1gpu.*?stream 13: ([\d.]+) ms/step"),
+    "pw_slower": lambda f: f["pw_tv_busy"] - f["pw_dummy_busy"],
+    "pw_extra": lambda f: f["pw_tv_wall"] - f["pw_dummy_wall"],
+    "pw_extra_pct": lambda f: 100 * f["pw_extra"] / f["pw_tv_wall"],
+    "pw_waiting": lambda f: f["pw_tv_host"] + f["pw_tv_device"],
+    # foreach against fused SGD, and a 1 ms GIL switch interval: 160 steps each, median of the steady windows
+    **{
+        f"sgd_{k}": (lambda f, run=run: grab(SGD, rf"/tmp/{run} windows [^\n]* median of steady windows (\d+)"))
+        for k, run in (
+            ("dm_foreach", "d_foreach"),
+            ("dm_fused", "d_fused"),
+            ("tv_foreach", "t_foreach"),
+            ("tv_fused", "t_fused"),
+            ("tv_sw1", "t_fsw"),
+        )
+    },
     # each decoder's pixel check rides on its CUDA-graphs row
     "px_tv": lambda f: row(JPEG, JPEG_ROW + JPEG_ROWS["tg"], "pixel_check")["max_mad_vs_pillow"],
     "px_nv": lambda f: row(JPEG, JPEG_ROW + JPEG_ROWS["ng"], "pixel_check")["max_mad_vs_pillow"],
@@ -565,14 +584,22 @@ image (two or three kernels each), with outputs equal within {br_diff:.0e} (the 
 [[jpeg_batched_resize_profile_torchvision_1xh200.txt]], [[jpeg_batched_resize_profile_nvimgcodec_1xh200.txt]]). While it trains on fed batches, the
 training stream runs {br_tv_stream:.1f} ms of kernels per step, as on a resident batch ({br_resident:.1f} ms wall).
 
-**Where the remaining {jpeg_tg_gap:.0f}% goes.** The data path's own kernels (decode, crops, copies) run beside the
-training on the same SMs: {br_tv_other:.1f} ms of kernels per step on the other streams in the profile above, {br_tv_other_share:.0f}% of a
-resident step, on a GPU that `--dummy` keeps {jpeg_dg_sm_util:.0f}% busy. The rest is not profiled with CUDA graphs.
-Without graphs the host launches every kernel, and the training stream also waits for the Python threads that
-launch them, which share the interpreter with the decoding threads: in a profiled window (8 queues) the training
-stream sits idle between kernels, and each kernel starts as soon as the call that launches it returns
-([[jpeg_batched_timeline_gaps_1xh200.log]], script [[jpeg_batched_timeline_gaps.py]]), while the loop waits only
-{bt8_tv_wait:.1f} ms (median) for each batch ([[jpeg_batched_timeline_1xh200.log]], script [[jpeg_batched_timeline.py]]).
+**Where the remaining {jpeg_tg_gap:.0f}% goes.** [[jpeg_profile_window.py]] runs `imagenet/train.py` unchanged under
+torch.profiler for steps 40–49 of a one-epoch run with CUDA graphs, once with `--dummy` and once with `--gpu-decode`
+(one H200 of a host with 2 H200s and 32 CPU cores; [[jpeg_profile_window_1xh200.log]], read by
+[[jpeg_profile_window_gaps.py]]). A step takes {pw_dummy_wall:.2f} ms with `--dummy`, of which the training stream is
+busy for {pw_dummy_busy:.2f}, and {pw_tv_wall:.2f} ms with `--gpu-decode`, busy for {pw_tv_busy:.2f}: the training kernels run only
+{pw_slower:.2f} ms slower beside the data path's kernels ({pw_tv_crops:.2f} ms per step of crops on the side stream, and
+nvJPEG's per-image copies and colour conversions on streams of its own), so nearly all of the {pw_extra:.1f} ms ({pw_extra_pct:.0f}% of the
+step) is the training stream waiting. In idle gaps over 0.1 ms it waits {pw_tv_host:.2f} ms per step for the host (between graph
+replays the main thread launches the optimizer's kernels, and they start late while the decode thread makes about
+1,000 CUDA calls per step, a quarter of them waits on events) and {pw_tv_device:.2f} ms for the batch's event. Fewer
+launches do not help: fused SGD (one kernel per parameter group) gave {sgd_tv_fused:,.0f} img/s against {sgd_tv_foreach:,.0f} with the
+default foreach SGD, and fused SGD with a 1 ms GIL switch interval {sgd_tv_sw1:,.0f} (`--dummy`: {sgd_dm_foreach:,.0f} foreach,
+{sgd_dm_fused:,.0f} fused; 160 steps each, [[jpeg_sgd_fused_1xh200.log]]). Without graphs the host launches every kernel,
+and the training stream also waits for the Python threads that launch them ([[jpeg_batched_timeline_gaps_1xh200.log]],
+script [[jpeg_batched_timeline_gaps.py]]), while the loop waits only {bt8_tv_wait:.1f} ms (median) for each batch
+([[jpeg_batched_timeline_1xh200.log]], script [[jpeg_batched_timeline.py]]).
 Many of the longest gaps last 5–7 ms, about CPython's 5 ms GIL switch interval, but a shorter interval did not help
 reliably ({sw_5:,.0f} img/s at 5 ms, {sw_1:,.0f} at 1 ms, {sw_01:,.0f} at 0.1 ms, one run each, 8 queues;
 [[jpeg_switch_interval_1xh200.log]]).
@@ -591,13 +618,15 @@ reliably ({sw_5:,.0f} img/s at 5 ms, {sw_1:,.0f} at 1 ms, {sw_01:,.0f} at 0.1 ms
 overlap the backward pass; see the weak-scaling table above). `--gpu-decode`'s 2-GPU windows range from
 {js_tv_2_min:,.0f} to {js_tv_2_max:,.0f} img/s (`--dummy`'s lowest: {js_dm_2_min:,.0f}). The slow ones are the first window of the
 second and third epochs (the timer restarts after the evaluation, so this is the training loader's workers and the
-decode thread starting the epoch's first batches) and the last window of the first epoch. That one is a single
-step of about {js_stall_ms:,.0f} ms (step {js_stall_step:.0f} of 40 in a run that logs every step, [[jpeg_gc_timing_2xh200.log]]), during which
-no garbage collection longer than 20 ms ran in either training process (script [[jpeg_gc_timing_sitecustomize.py]]);
-its cause is not found.
-With 40 steps per epoch they weigh far more than in an ImageNet epoch (2,502 steps per GPU on 2 GPUs). Without
+decode thread starting the epoch's first batches). With 40 steps per epoch they weigh far more than in an ImageNet epoch (2,502 steps per GPU on 2 GPUs). Without
 them (and without the 1-GPU run's first window of its second epoch), `--gpu-decode` gives {js_tv_steady_1:,.0f} img/s on 1 GPU
 and {js_tv_steady_2:,.0f} on 2: {js_tv_steady_eff:.1f}% per GPU.
+
+Each decode thread first makes its rank's GPU its CUDA device: a new thread's device is `cuda:0`, and leaving its
+`torch.cuda.stream()` context made it current, which created a CUDA context on GPU 0 inside every other rank, with the
+GIL held. On 2 GPUs that stopped rank 1 for about a second at the end of the first epoch while rank 0 waited for it in
+the all-reduces (profile [[jpeg_stall_profile_2xh200.log]], every thread's stack [[jpeg_stall_stacks_2xh200.log]]);
+`tests/test_gpu_decode.py` checks that a rank on `cuda:1` leaves no context on GPU 0.
 
 **nvImageCodec** decodes on the JPEG engines, yet it is slower than torchvision's decode in every comparison: in
 the table, and in-process without graphs ({bc8_nv_1:.1f} ms per fed step with one prefetch thread, {bc8_nv_2:.1f} with two, against
