@@ -96,6 +96,15 @@ def since_start(log: str, tag: str) -> float:
     return grab(log, r"wall ([\d.]+)s since start\n\[\d+ s wall\] [^\n]*" + re.escape(tag))
 
 
+def per_step(log: str, what: str) -> list[float]:
+    """docs/runs/jpeg_profile_window.py's per-step list (``what``: "wall" or "batch wait"), in ms, of rank 0."""
+    return [float(x) for x in grab_text(log, rf"\[steps rank 0\] {what} ms: ([\d ]+)").split()]
+
+
+def grab_text(log: str, pattern: str) -> str:
+    return found(log, f"match for {pattern!r}", re.findall(pattern, text(log)))
+
+
 def eff(f, many: str, one: str, n: int) -> float:
     """Per-GPU weak-scaling efficiency in %: throughput on n GPUs against n times one GPU's."""
     return 100 * f[many] / (n * f[one])
@@ -255,6 +264,13 @@ FIGURES = {
     "pw_extra": lambda f: f["pw_tv_wall"] - f["pw_dummy_wall"],
     "pw_extra_pct": lambda f: 100 * f["pw_extra"] / f["pw_tv_wall"],
     "pw_waiting": lambda f: f["pw_tv_host"] + f["pw_tv_device"],
+    # the first ten steps of the second epoch, profiled: the host's wait for the epoch's first batch, then the steps
+    "es_first_wait": lambda f: per_step("jpeg_epoch_start_profile_1xh200.log", "batch wait")[80],
+    "es_next_wait": lambda f: max(per_step("jpeg_epoch_start_profile_1xh200.log", "batch wait")[81:90]),
+    "es_wall": lambda f: grab("jpeg_epoch_start_profile_1xh200.log", r"10 steps[^\n]*\n  wall ([\d.]+) ms/step"),
+    "es_busy": lambda f: grab(
+        "jpeg_epoch_start_profile_1xh200.log", r"10 steps[^\n]*\n  wall [\d.]+ ms/step; training stream busy ([\d.]+)"
+    ),
     # foreach against fused SGD, and a 1 ms GIL switch interval: 160 steps each, median of the steady windows
     **{
         f"sgd_{k}": (lambda f, run=run: grab(SGD, rf"/tmp/{run} windows [^\n]* median of steady windows (\d+)"))
@@ -618,7 +634,10 @@ reliably ({sw_5:,.0f} img/s at 5 ms, {sw_1:,.0f} at 1 ms, {sw_01:,.0f} at 0.1 ms
 overlap the backward pass; see the weak-scaling table above). `--gpu-decode`'s 2-GPU windows range from
 {js_tv_2_min:,.0f} to {js_tv_2_max:,.0f} img/s (`--dummy`'s lowest: {js_dm_2_min:,.0f}). The slow ones are the first window of the
 second and third epochs (the timer restarts after the evaluation, so this is the training loader's workers and the
-decode thread starting the epoch's first batches). With 40 steps per epoch they weigh far more than in an ImageNet epoch (2,502 steps per GPU on 2 GPUs). Without
+decode thread starting the epoch's first batches). Profiled on one GPU ([[jpeg_epoch_start_profile_1xh200.log]]), the
+second epoch's first step waits {es_first_wait:.0f} ms for its batch while the DataLoader's workers start the epoch, the next nine
+at most {es_next_wait:.0f} ms, and those nine train as in mid-epoch ({es_wall:.2f} ms per step under the profiler, the training stream
+busy for {es_busy:.2f}). With 40 steps per epoch they weigh far more than in an ImageNet epoch (2,502 steps per GPU on 2 GPUs). Without
 them (and without the 1-GPU run's first window of its second epoch), `--gpu-decode` gives {js_tv_steady_1:,.0f} img/s on 1 GPU
 and {js_tv_steady_2:,.0f} on 2: {js_tv_steady_eff:.1f}% per GPU.
 
