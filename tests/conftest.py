@@ -116,14 +116,20 @@ def descendants_with_rank(root_pid, rank):
 
 
 def wait_for_step(out, step, proc, timeout=120):
-    deadline = time.time() + timeout
+    """Until out/last.pt holds step >= ``step``. Each checkpoint is renamed into place whole, so a new one is a new
+    inode: only then is it read, memory-mapped (its step, not its ~100 MB of tensors), so that the poll takes no CPU
+    from the training processes while they run."""
+    deadline, seen = time.time() + timeout, None
     while time.time() < deadline:
         assert proc.poll() is None, "training ended before the fault could be injected"
         try:
-            if torch.load(out / "last.pt", weights_only=True)["step"] >= step:
-                return
+            st = os.stat(out / "last.pt")
+            if (st.st_ino, st.st_mtime_ns) != seen:
+                seen = (st.st_ino, st.st_mtime_ns)
+                if torch.load(out / "last.pt", weights_only=True, mmap=True)["step"] >= step:
+                    return
         except (OSError, RuntimeError, EOFError):
-            pass
+            seen = None
         time.sleep(0.05)
     raise AssertionError("no checkpoint in time")
 
