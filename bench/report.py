@@ -88,7 +88,12 @@ def found(log: str, what: str, values: list):
 
 def grab(log: str, pattern: str) -> float:
     """The first group of a regular expression in a console log (thousands commas allowed)."""
-    return float(found(log, f"match for {pattern!r}", re.findall(pattern, text(log))).replace(",", ""))
+    return float(grab_text(log, pattern).replace(",", ""))
+
+
+def grab_text(log: str, pattern: str):
+    """The first match of a regular expression in a log: its group, or the tuple of its groups."""
+    return found(log, f"match for {pattern!r}", re.findall(pattern, text(log)))
 
 
 def since_start(log: str, tag: str) -> float:
@@ -101,8 +106,13 @@ def per_step(log: str, what: str) -> list[float]:
     return [float(x) for x in grab_text(log, rf"\[steps rank 0\] {what} ms: ([\d ]+)").split()]
 
 
-def grab_text(log: str, pattern: str) -> str:
-    return found(log, f"match for {pattern!r}", re.findall(pattern, text(log)))
+def profiled(log: str, trace: str, what: str) -> float:
+    """A trace's ms per step (``what``: "wall", "busy" or "idle" of the training stream) as
+    docs/runs/jpeg_profile_window_gaps.py prints it."""
+    pattern = (
+        rf"{re.escape(trace)}: \d+ steps[^\n]*\n  wall ([\d.]+) ms/step; training stream busy ([\d.]+), idle ([\d.]+)"
+    )
+    return float(grab_text(log, pattern)[("wall", "busy", "idle").index(what)])
 
 
 def eff(f, many: str, one: str, n: int) -> float:
@@ -110,7 +120,7 @@ def eff(f, many: str, one: str, n: int) -> float:
     return 100 * f[many] / (n * f[one])
 
 
-PW, SGD = "jpeg_profile_window_1xh200.log", "jpeg_sgd_fused_1xh200.log"
+PW, SGD, ES = "jpeg_profile_window_1xh200.log", "jpeg_sgd_fused_1xh200.log", "jpeg_epoch_start_profile_1xh200.log"
 JPEG_ROWS = {  # key -> the bench row (after JPEG_ROW) in JPEG
     "dm": "--dummy (no data path), bf16 + channels_last + compile",
     "tv": "--gpu-decode --gpu-decoder torchvision, bf16 + channels_last + compile",
@@ -247,15 +257,9 @@ FIGURES = {
     "js_tv_steady_eff": lambda f: eff(f, "js_tv_steady_2", "js_tv_steady_1", 2),
     # imagenet/train.py profiled with CUDA graphs (docs/runs/jpeg_profile_window.py), --dummy then --gpu-decode
     **{
-        f"pw_{k}_{what}": (
-            lambda f, k=k, pat=pat: grab(PW, rf"trace_{k}_1gpu_rank0\.json\.gz: 10 steps[^\n]*\n  " + pat)
-        )
+        f"pw_{k}_{what}": (lambda f, k=k, what=what: profiled(PW, f"trace_{k}_1gpu_rank0.json.gz", what))
         for k in ("dummy", "tv")
-        for what, pat in (
-            ("wall", r"wall ([\d.]+) ms/step"),
-            ("busy", r"wall [\d.]+ ms/step; training stream busy ([\d.]+)"),
-            ("idle", r"wall [\d.]+ ms/step; training stream busy [\d.]+, idle ([\d.]+)"),
-        )
+        for what in ("wall", "busy", "idle")
     },
     "pw_tv_host": lambda f: grab(PW, r"(?s)trace_tv_1gpu.*idle gaps > 0\.1 ms: [^\n]*host ([\d.]+) ms/step"),
     "pw_tv_device": lambda f: grab(PW, r"(?s)trace_tv_1gpu.*idle gaps > 0\.1 ms: [^\n]*device ([\d.]+) ms/step"),
@@ -263,14 +267,13 @@ FIGURES = {
     "pw_slower": lambda f: f["pw_tv_busy"] - f["pw_dummy_busy"],
     "pw_extra": lambda f: f["pw_tv_wall"] - f["pw_dummy_wall"],
     "pw_extra_pct": lambda f: 100 * f["pw_extra"] / f["pw_tv_wall"],
-    "pw_waiting": lambda f: f["pw_tv_host"] + f["pw_tv_device"],
     # the first ten steps of the second epoch, profiled: the host's wait for the epoch's first batch, then the steps
-    "es_first_wait": lambda f: per_step("jpeg_epoch_start_profile_1xh200.log", "batch wait")[80],
-    "es_next_wait": lambda f: max(per_step("jpeg_epoch_start_profile_1xh200.log", "batch wait")[81:90]),
-    "es_wall": lambda f: grab("jpeg_epoch_start_profile_1xh200.log", r"10 steps[^\n]*\n  wall ([\d.]+) ms/step"),
-    "es_busy": lambda f: grab(
-        "jpeg_epoch_start_profile_1xh200.log", r"10 steps[^\n]*\n  wall [\d.]+ ms/step; training stream busy ([\d.]+)"
-    ),
+    "es_first_wait": lambda f: per_step(ES, "batch wait")[80],
+    "es_next_wait": lambda f: max(per_step(ES, "batch wait")[81:90]),
+    **{
+        f"es_{what}": (lambda f, what=what: profiled(ES, "trace_tv_epoch1_rank0.json.gz", what))
+        for what in ("wall", "busy")
+    },
     # foreach against fused SGD, and a 1 ms GIL switch interval: 160 steps each, median of the steady windows
     **{
         f"sgd_{k}": (lambda f, run=run: grab(SGD, rf"/tmp/{run} windows [^\n]* median of steady windows (\d+)"))

@@ -308,9 +308,9 @@ def test_nvimgcodec_decoders_match_pillow(samples, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 def test_decoding_for_a_second_gpu_leaves_gpu_0_alone(samples):
-    """A rank on cuda:1 must never make a CUDA context on GPU 0: each costs GPU 0 memory, and making it froze the
-    rank for a second (with the GIL held) when prefetch's thread left its stream context. A fresh process, as a
-    torchrun rank: set_device(1), then a whole prefetch (its threads start, decode, end), then ask the driver."""
+    """A rank on cuda:1 must never make a CUDA context on GPU 0: each costs GPU 0 memory, and a prefetch thread
+    leaving its stream context on cuda:0 makes one with the GIL held (about a second on an H200). A fresh process,
+    as a torchrun rank: set_device(1), then a whole prefetch (its threads start, decode, end), then ask the driver."""
     code = f"""
 import sys, torch
 sys.path.insert(0, {str(REPO)!r})
