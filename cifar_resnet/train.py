@@ -14,14 +14,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import gc
 import os
 import sys
 import time
 from pathlib import Path
 
+gc.disable()  # until the end of the imports: see there
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torchvision
+import torchvision.transforms as T
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # find common/ when run as a script
 from cifar_resnet.data import (
@@ -66,6 +70,14 @@ from common.utils import (
     warmup_cosine,
 )
 from common.watchdog import CHECKPOINT, Watchdog
+
+# Python's cyclic garbage collector would run hundreds of times during the imports above, scanning the same young
+# objects over and over: about a quarter of a process's start-up CPU, paid again by every rank and every restart
+# (bench/startup.py). It was off for them; what they built lives as long as the process, so collect once, freeze
+# it out of every later collection (each then skips these few hundred thousand objects) and turn the collector on.
+gc.collect()
+gc.freeze()
+gc.enable()
 
 T_START = time.time()
 ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
@@ -132,8 +144,6 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def build_model(arch: str) -> nn.Module:
-    import torchvision
-
     if arch not in ARCHS:
         raise UserError(f"unknown --arch {arch!r} (choose from {', '.join(ARCHS)})")
     model = getattr(torchvision.models, arch)(num_classes=10)
@@ -184,8 +194,6 @@ def main(args: argparse.Namespace) -> None:
     global_batch = args.batch_size * info.world_size * args.accum_steps
 
     # ---- data
-    import torchvision.transforms as T
-
     to_float = T.ToTensor() if not args.synthetic else T.ConvertImageDtype(torch.float)
     tf_eval = T.Compose([to_float, T.Normalize(MEAN, STD)])
     if args.download and info.is_main:  # rank 0 downloads, the others wait, then all read

@@ -13,6 +13,7 @@ finish within --dist-timeout seconds ends the process with hints instead of hang
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import socket
 import sys
@@ -20,12 +21,17 @@ import threading
 import time
 from pathlib import Path
 
+gc.disable()  # until the end of the imports: see there
 import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # also runs as `python common/doctor.py`
 from common.distributed import DistInfo, add_dist_args, cleanup_distributed, detect_launcher, setup_distributed
 from common.errors import UserError, run_cli
+
+gc.collect()  # the collector was off during the imports above (start-up CPU: bench/startup.py); what they
+gc.freeze()  # built lives as long as the process: frozen out of every later collection
+gc.enable()
 
 HINTS = (
     "are all ranks started and MASTER_ADDR reachable from every node with its port open (firewall)? "

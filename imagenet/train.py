@@ -19,11 +19,13 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import gc
 import os
 import sys
 import time
 from pathlib import Path
 
+gc.disable()  # until the end of the imports: see there
 import torch
 import torch.nn as nn
 import torchvision
@@ -73,6 +75,14 @@ from common.utils import (
 )
 from common.watchdog import CHECKPOINT, Watchdog
 from imagenet.data import MEAN, STD, check_args, collate, fetch_weights, image_folder, weights_file
+
+# Python's cyclic garbage collector would run hundreds of times during the imports above, scanning the same young
+# objects over and over: about a quarter of a process's start-up CPU, paid again by every rank and every restart
+# (bench/startup.py). It was off for them; what they built lives as long as the process, so collect once, freeze
+# it out of every later collection (each then skips these few hundred thousand objects) and turn the collector on.
+gc.collect()
+gc.freeze()
+gc.enable()
 
 # Defaults each recipe gives to the flags left unset (an explicit flag always wins).
 # fmt: off

@@ -15,12 +15,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import gc
 import os
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
+gc.disable()  # until the end of the imports: see there
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -59,6 +61,14 @@ from transformer.data import (
     tokenizers_done_forking,
 )
 from transformer.model import PRESETS, ModelConfig, Transformer, allow_cudnn_attention, translate_ids
+
+# Python's cyclic garbage collector would run hundreds of times during the imports above, scanning the same young
+# objects over and over: about a quarter of a process's start-up CPU, paid again by every rank and every restart
+# (bench/startup.py). It was off for them; what they built lives as long as the process, so collect once, freeze
+# it out of every later collection (each then skips these few hundred thousand objects) and turn the collector on.
+gc.collect()
+gc.freeze()
+gc.enable()
 
 T_START = time.time()
 

@@ -16,9 +16,11 @@ gives an empty output line. --output appears whole or not at all.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from pathlib import Path
 
+gc.disable()  # until the end of the imports: see there
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # find common/ when run as a script
@@ -27,6 +29,10 @@ from common.errors import UserError, run_cli
 from common.utils import amp_dtype
 from transformer.data import decode, encode, one_line, read_lines
 from transformer.model import ModelConfig, Transformer, allow_cudnn_attention, translate_ids
+
+gc.collect()  # the collector was off during the imports above (start-up CPU: bench/startup.py); what they
+gc.freeze()  # built lives as long as the process: frozen out of every later collection
+gc.enable()
 
 
 def get_args_parser() -> argparse.ArgumentParser:

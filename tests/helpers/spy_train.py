@@ -10,6 +10,7 @@ joined one world and read a different shard. ``SPY_FAIL_RANK=R`` makes rank R ex
 
 import argparse
 import atexit
+import gc
 import json
 import os
 import runpy
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+gc.disable()  # as the train script would before importing torch (it turns the collector back on after its imports)
 from common.data import ResumableDistributedSampler
 from common.distributed import add_dist_args, detect_launcher
 
