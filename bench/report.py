@@ -115,6 +115,15 @@ def profiled(log: str, trace: str, what: str) -> float:
     return float(grab_text(log, pattern)[("wall", "busy", "idle").index(what)])
 
 
+def startup(script: str, mode: str, key: str) -> float:
+    """bench/startup.py's median for a script's directory (``cifar_resnet``, ``imagenet``, ``transformer``) and a
+    mode (``gc on``, ``gc off, frozen``): ``cpu_median_s`` or ``collect_ms_median``."""
+    rows = json.loads(text(STARTUP))["rows"]
+    return found(
+        STARTUP, f"{script} {mode}", [r[key] for r in rows if (r["script"], r["mode"]) == (script + "/train.py", mode)]
+    )
+
+
 def eff(f, many: str, one: str, n: int) -> float:
     """Per-GPU weak-scaling efficiency in %: throughput on n GPUs against n times one GPU's."""
     return 100 * f[many] / (n * f[one])
@@ -200,6 +209,8 @@ BT = "jpeg_batched_timeline_1xh200.log"
 SW = "jpeg_switch_interval_1xh200.log"
 PK_STEP = "bare step base, packed 64x1024 rows, 63775 real target tokens, bf16, compile, "
 
+STARTUP = "startup_gc_2core.json"  # bench/startup.py on the 2-core development machine
+STARTUP_SCRIPTS = ("cifar_resnet", "imagenet", "transformer")
 CB = "cifar_script_bare_1xh200.json"
 ABL = "cifar_step_ablation_4xh200host.log"
 CIFAR_PARTS = ("start", "data", "compile", "train", "eval", "checkpoint", "wall")
@@ -212,6 +223,12 @@ CIFAR_BENCH = {
 }
 
 FIGURES = {
+    # Process start-up with and without the cyclic GC during the imports (bench/startup.py)
+    **per(STARTUP_SCRIPTS, "start_{}_on", lambda k: startup(k, "gc on", "cpu_median_s")),
+    **per(STARTUP_SCRIPTS, "start_{}_off", lambda k: startup(k, "gc off, frozen", "cpu_median_s")),
+    **per(STARTUP_SCRIPTS, "start_{}_gc_on", lambda k: startup(k, "gc on", "collect_ms_median")),
+    **per(STARTUP_SCRIPTS, "start_{}_gc_off", lambda k: startup(k, "gc off, frozen", "collect_ms_median")),
+    **per_f(STARTUP_SCRIPTS, "start_{}_less", lambda f, k: 100 * (1 - f[f"start_{k}_off"] / f[f"start_{k}_on"])),
     # Real JPEGs: every data path in one bench run (JPEG), then in-process experiments (BR, BC, BT, HWQ)
     **{
         f"jpeg_{k}_{col}": (lambda f, k=k, col=col: row(JPEG, JPEG_ROW + JPEG_ROWS[k], col))
@@ -712,6 +729,21 @@ So every operation the script adds to the bare loop costs host time, and the abl
 whose other three GPUs were training, moved by up to 20% between variants without a consistent pattern. Replaying the
 compiled forward and backward as CUDA graphs takes the launches off the host: the script then runs faster than the
 bare loop, which launches every kernel.
+""",
+    "startup": """\
+`python bench/startup.py --reps 8` on the 2-core development machine (Python 3.11.7, torch 2.14.1, CPU only): each
+script's `--help` (every import, the argument parser, the interpreter's exit) in fresh processes, the two modes
+alternating; process CPU is user + system time, median of 8. "gc on" is the same script with its `gc` calls made
+no-ops. The last column is one full collection right after the imports: what every later full collection of the
+process spends on the objects the imports made.
+
+| script | CPU, gc on | CPU, gc off during the imports, then frozen | less | a full collection after: on / frozen |
+|---|---|---|---|---|
+| `cifar_resnet/train.py` | {start_cifar_resnet_on:.2f} s | {start_cifar_resnet_off:.2f} s | {start_cifar_resnet_less:.0f}% | {start_cifar_resnet_gc_on:.0f} / {start_cifar_resnet_gc_off:.1f} ms |
+| `imagenet/train.py` | {start_imagenet_on:.2f} s | {start_imagenet_off:.2f} s | {start_imagenet_less:.0f}% | {start_imagenet_gc_on:.0f} / {start_imagenet_gc_off:.1f} ms |
+| `transformer/train.py` | {start_transformer_on:.2f} s | {start_transformer_off:.2f} s | {start_transformer_less:.0f}% | {start_transformer_gc_on:.0f} / {start_transformer_gc_off:.1f} ms |
+
+Log: [[startup_gc_2core.json]] (the table as printed: [[startup_gc_2core.txt]]).
 """,
     "checkpoint": """\
 - Transformer `base` (48.2M parameters; weights and AdamW's two moments, about 580 MB), 4× {H100}: rank 0 writes `last.pt` in

@@ -110,9 +110,16 @@ def die_with_parent() -> None:
 
 
 def init_worker(worker_id: int) -> None:
-    """DataLoader worker_init_fn: seed python/numpy from the worker's torch seed; die with the fork server."""
+    """DataLoader worker_init_fn: seed python/numpy from the worker's torch seed; die with the fork server.
+
+    A worker forked from the fork server inherits its imports with the cyclic GC off (common/forkserver_guard.py):
+    frozen, later collections never touch them, so the pages the worker shares with the server stay shared."""
+    import gc
     import random
     import sys
+
+    gc.freeze()
+    gc.enable()
 
     s = torch.initial_seed() % 2**32
     random.seed(s)
@@ -135,8 +142,9 @@ def worker_context(num_workers: int) -> multiprocessing.context.BaseContext | No
     the worker, and the other ranks for this one. Python before 3.11.10 and 3.12 hangs this way inside ``os.fork()``
     whenever a C++ thread was creating its Python thread state (CPython gh-112275): twice in about 6,200 iterations of
     bench/fork_stress.py (two CPU ranks, gloo work in flight), never in 7,100 with the fork server. The fork server
-    is a fresh single-threaded process that imports torch once; it is started here, at once, so its imports overlap
-    the model's construction.
+    is a fresh single-threaded process that imports torch once (with the cyclic GC off: common/forkserver_guard.py;
+    pair this context with ``worker_init_fn=init_worker``, which turns it back on in each worker); it is started
+    here, at once, so its imports overlap the model's construction.
     """
     if num_workers <= 0 or "forkserver" not in multiprocessing.get_all_start_methods():
         return None  # no workers, or spawn (macOS, Windows): nothing is forked
@@ -145,6 +153,6 @@ def worker_context(num_workers: int) -> multiprocessing.context.BaseContext | No
 
     # The server imports these once, not every worker again (Python's own preload of __main__ finds no main path).
     heavy = ("torch", "torch.distributed", "torchvision", "PIL.Image", "numpy")
-    forkserver.set_forkserver_preload([m for m in heavy if m in sys.modules] + ["common.forkserver_guard"])
+    forkserver.set_forkserver_preload(["common.forkserver_guard"] + [m for m in heavy if m in sys.modules])
     forkserver.ensure_running()
     return multiprocessing.get_context("forkserver")

@@ -1,6 +1,11 @@
-"""Imported by the DataLoader fork server only (``common.data.worker_context`` preloads it): the server then dies
-with the rank that started it, and its workers with it (see ``common.data.die_with_parent``)."""
+"""Imported by the DataLoader fork server only, first (``common.data.worker_context`` preloads it): the server
+imports the heavy modules after it with Python's cyclic GC off (each worker freezes what it inherits and turns the
+collector on, in ``init_worker``), and dies with the rank that started it, and its workers with it (see
+``common.data.die_with_parent``)."""
 
-from common.data import die_with_parent
+import gc
+
+gc.disable()
+from common.data import die_with_parent  # noqa: E402
 
 die_with_parent()

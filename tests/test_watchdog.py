@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import PY, REPO, make_jpeg_imagefolder, run
 
@@ -162,6 +163,29 @@ def test_a_killed_process_takes_its_stopped_dataloader_worker_along():
         assert worker not in processes() and server not in processes()
     finally:
         kill_leftovers(proc, worker)
+
+
+class WorkerGcState(torch.utils.data.Dataset):
+    """What a DataLoader worker reports about Python's cyclic GC: on, and with objects frozen."""
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        import gc
+
+        return torch.tensor([gc.isenabled(), gc.get_freeze_count() > 0])
+
+
+def test_fork_server_workers_collect_with_what_they_inherit_frozen():
+    """The fork server imports torch with the cyclic GC off (common/forkserver_guard.py); every worker it forks
+    freezes what it inherited and turns the collector back on (init_worker): none runs without one. In this
+    process: the worker unpickles this module's dataset."""
+    from common.data import init_worker, worker_context
+
+    loader = torch.utils.data.DataLoader(WorkerGcState(), batch_size=2, num_workers=1, worker_init_fn=init_worker,
+                                         multiprocessing_context=worker_context(1))  # fmt: skip
+    assert [b.tolist() for b in loader] == [[[True, True], [True, True]]]
 
 
 def test_frozen_rank_ends_the_peer_waiting_in_the_all_reduce(data, tmp_path):
