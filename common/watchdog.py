@@ -34,7 +34,8 @@ STALL_EXIT_CODE = 124  # as timeout(1): the command ran out of time
 # so a collective that can time out on its own reports its own error first.
 DEFAULT_STALL_TIMEOUT = 1200.0
 # The first training step (DataLoader workers starting, a fork server importing torch, torch.compile, NCCL
-# communicators) gets at least this long whatever --stall-timeout says, so a short timeout watches the steady state.
+# communicators) gets at least this long whatever --stall-timeout says, so a short timeout watches the steady state;
+# so does the first evaluation batch, for which the evaluation loader starts its own workers.
 FIRST_STEP_TIMEOUT = 1200.0
 
 TRAIN_DATA = "waiting for the next training batch from the data loader"
@@ -50,8 +51,11 @@ class Watchdog:
 
     def __init__(self, timeout: float, rank: int = 0, what: str = STARTING):
         self.timeout, self.rank = timeout, rank
-        self.state = (time.monotonic(), what)  # one tuple, replaced whole: the thread never sees half an update
+        # (since, doing what, starting: the first step's allowance applies); one tuple, replaced whole: the thread
+        # never sees half an update
+        self.state = (time.monotonic(), what, False)
         self.stepped = False  # True once a whole training step is done: from then on `timeout` applies
+        self.evaluated = False  # True once an evaluation batch has arrived
         self._stopped = threading.Event()
         self._poll = min(5.0, timeout / 4)
         if timeout > 0:
@@ -61,20 +65,23 @@ class Watchdog:
 
     def beat(self, what: str) -> None:
         """Progress: from now on this rank is busy with ``what`` (a phrase for the error message)."""
-        self.state = (time.monotonic(), what)
+        self.state = (time.monotonic(), what, False)
 
     def batches(self, iterable: Iterable[T], evaluating: bool = False) -> Iterator[T]:
         """Yield from ``iterable``, labelling the wait for each item and the work done with it."""
         waiting, working = (EVAL_DATA, EVAL_STEP) if evaluating else (TRAIN_DATA, TRAIN_STEP)
+        starting = evaluating and not self.evaluated  # the evaluation loader's workers start now
         it = iter(iterable)
         while True:
-            self.state = (time.monotonic(), waiting)
+            self.state = (time.monotonic(), waiting, starting)
             try:
                 item = next(it)
             except StopIteration:
-                self.state = (time.monotonic(), working)
+                self.state = (time.monotonic(), working, False)
                 return
-            self.state = (time.monotonic(), working)
+            self.evaluated |= evaluating
+            starting = False
+            self.state = (time.monotonic(), working, False)
             yield item
             self.stepped = True
 
@@ -85,9 +92,9 @@ class Watchdog:
 
     def _watch(self) -> None:
         while not self._stopped.wait(self._poll):
-            since, what = self.state
+            since, what, _ = state = self.state
             idle = time.monotonic() - since
-            if idle > (self.timeout if self.stepped else max(self.timeout, FIRST_STEP_TIMEOUT)):
+            if idle > self._limit(state):
                 self._fire(idle, what)
             if not self._stopped.is_set():
                 self._arm_fallback()
@@ -95,8 +102,11 @@ class Watchdog:
     def _arm_fallback(self) -> None:
         """A fallback in C for a main thread stuck in C code that holds the GIL, where the watchdog thread cannot
         run: re-armed at every poll, it fires (stacks, then exit code 1) only after a whole timeout of missed polls."""
-        limit = self.timeout if self.stepped else max(self.timeout, FIRST_STEP_TIMEOUT)
-        faulthandler.dump_traceback_later(limit + self._poll, exit=True, file=2)
+        faulthandler.dump_traceback_later(self._limit(self.state) + self._poll, exit=True, file=2)
+
+    def _limit(self, state: tuple) -> float:
+        starting = not self.stepped or state[2]
+        return max(self.timeout, FIRST_STEP_TIMEOUT) if starting else self.timeout
 
     def _fire(self, idle: float, what: str) -> None:
         """Stacks, then the one-line error, then exit. os._exit works where raising in the main thread would

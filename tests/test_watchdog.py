@@ -231,3 +231,17 @@ def test_main_thread_holding_the_gil_still_ends():
     p = subprocess.run([PY, "-c", code, str(REPO)], capture_output=True, text=True, timeout=30)
     assert p.returncode == 1 and time.time() - t0 < 15, (p.returncode, p.stderr)
     assert "Timeout (0:00:01.250000)!" in p.stderr and 'File "<string>", line 1 in <module>' in p.stderr, p.stderr
+
+
+def test_the_first_evaluation_batch_gets_the_first_steps_allowance():
+    """The evaluation loader starts its workers when its first batch is asked for: that wait, like the first
+    training step, gets FIRST_STEP_TIMEOUT; a later evaluation batch as slow does not (timeout 0.5 s, the watchdog
+    alone: no torch)."""
+    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); from common.watchdog import Watchdog\n"
+            "def slow(n):\n    for i in range(n):\n        time.sleep(1.2)\n        yield i\n"
+            "w = Watchdog(0.5); list(w.batches(range(2)))\n"
+            "list(w.batches(slow(1), evaluating=True)); print('first evaluation batch waited', flush=True)\n"
+            "list(w.batches(slow(1), evaluating=True)); print('second evaluation batch waited')")  # fmt: skip
+    p = subprocess.run([PY, "-c", code, str(REPO)], capture_output=True, text=True, timeout=30)
+    assert (p.returncode, p.stdout) == (124, "first evaluation batch waited\n"), (p.returncode, p.stdout, p.stderr)
+    assert "no progress for 1s waiting for the next evaluation batch from the data loader" in p.stderr, p.stderr
