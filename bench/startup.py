@@ -2,8 +2,8 @@
 
     python bench/startup.py [--reps 10] [--out docs/runs/startup_gc_HOST.json]
 
-Each train.py turns the collector off before ``import torch`` and, after its last import, collects once, freezes
-what the imports built and turns it back on. This runs ``SCRIPT --help`` (every import, the argument parser, the
+Each train.py turns the collector off before ``import torch`` and, after its last import, freezes what the imports
+built and turns it back on. This runs ``SCRIPT --help`` (every import, the argument parser, the
 interpreter's exit) in fresh processes, alternating:
 - ``gc on``: the same script with those calls made no-ops (what a script without them does);
 - ``gc off, frozen``: the script as it is.

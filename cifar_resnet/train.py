@@ -72,10 +72,10 @@ from common.utils import (
 from common.watchdog import CHECKPOINT, Watchdog
 
 # Python's cyclic garbage collector would run hundreds of times during the imports above, scanning the same young
-# objects over and over: a sixth to a quarter of a process's start-up CPU, paid again by every rank and restart
-# (bench/startup.py). It was off for them; what they built lives as long as the process, so collect once, freeze
-# it out of every later collection (each then skips these few hundred thousand objects) and turn the collector on.
-gc.collect()
+# objects over and over: about a quarter of a process's start-up CPU, paid again by every rank and restart
+# (bench/startup.py). It was off for them; what they built lives as long as the process, so freeze it out of every
+# later collection (each then skips these few hundred thousand objects) and turn the collector back on. No
+# collection first: DataLoader workers run this module's top level again, and one would scan all they inherit.
 gc.freeze()
 gc.enable()
 

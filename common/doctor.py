@@ -29,9 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # also runs as 
 from common.distributed import DistInfo, add_dist_args, cleanup_distributed, detect_launcher, setup_distributed
 from common.errors import UserError, run_cli
 
-gc.collect()  # the collector was off during the imports above (start-up CPU: bench/startup.py); what they
-gc.freeze()  # built lives as long as the process: frozen out of every later collection
-gc.enable()
+gc.freeze()  # the collector was off during the imports above (start-up CPU: bench/startup.py); what they built
+gc.enable()  # lives as long as the process: frozen out of every later collection
 
 HINTS = (
     "are all ranks started and MASTER_ADDR reachable from every node with its port open (firewall)? "

@@ -35,7 +35,8 @@ STALL_EXIT_CODE = 124  # as timeout(1): the command ran out of time
 DEFAULT_STALL_TIMEOUT = 1200.0
 # The first training step (DataLoader workers starting, a fork server importing torch, torch.compile, NCCL
 # communicators) gets at least this long whatever --stall-timeout says, so a short timeout watches the steady state;
-# so does the first evaluation batch, for which the evaluation loader starts its own workers.
+# so does the first batch of every evaluation, for which an evaluation loader starts its workers (imagenet's keeps
+# none between evaluations).
 FIRST_STEP_TIMEOUT = 1200.0
 
 TRAIN_DATA = "waiting for the next training batch from the data loader"
@@ -55,7 +56,6 @@ class Watchdog:
         # never sees half an update
         self.state = (time.monotonic(), what, False)
         self.stepped = False  # True once a whole training step is done: from then on `timeout` applies
-        self.evaluated = False  # True once an evaluation batch has arrived
         self._stopped = threading.Event()
         self._poll = min(5.0, timeout / 4)
         if timeout > 0:
@@ -70,7 +70,7 @@ class Watchdog:
     def batches(self, iterable: Iterable[T], evaluating: bool = False) -> Iterator[T]:
         """Yield from ``iterable``, labelling the wait for each item and the work done with it."""
         waiting, working = (EVAL_DATA, EVAL_STEP) if evaluating else (TRAIN_DATA, TRAIN_STEP)
-        starting = evaluating and not self.evaluated  # the evaluation loader's workers start now
+        starting = evaluating  # an evaluation loader starts its workers for its first batch
         it = iter(iterable)
         while True:
             self.state = (time.monotonic(), waiting, starting)
@@ -79,7 +79,6 @@ class Watchdog:
             except StopIteration:
                 self.state = (time.monotonic(), working, False)
                 return
-            self.evaluated |= evaluating
             starting = False
             self.state = (time.monotonic(), working, False)
             yield item

@@ -217,8 +217,9 @@ def test_healthy_run_with_slow_steps_never_fires(data, tmp_path):
     """--stall-timeout 1 on a run many times that long: steps of 0.1-0.7 s on 2 cores (the first one starts the
     DataLoader worker), two evaluations, a checkpoint every 2 steps. It finishes normally."""
     p = run(torchrun_imagenet(data, tmp_path, "-j", "1", "--epochs", "2", "--save-every-steps", "2",
-                              "--stall-timeout", "1"), timeout=120)  # fmt: skip
-    assert "stalled" not in p.stdout + p.stderr
+                              "--stall-timeout", "1"), timeout=120, check=False)  # fmt: skip
+    stalls = [line for line in p.stderr.splitlines() if "no progress for" in line]  # the output's tail may lack them
+    assert p.returncode == 0 and not stalls, (p.returncode, stalls, p.stderr[-3000:])
     assert "done: step 10" in p.stdout and p.stdout.count(" val: ") == 2
 
 
@@ -233,15 +234,15 @@ def test_main_thread_holding_the_gil_still_ends():
     assert "Timeout (0:00:01.250000)!" in p.stderr and 'File "<string>", line 1 in <module>' in p.stderr, p.stderr
 
 
-def test_the_first_evaluation_batch_gets_the_first_steps_allowance():
-    """The evaluation loader starts its workers when its first batch is asked for: that wait, like the first
-    training step, gets FIRST_STEP_TIMEOUT; a later evaluation batch as slow does not (timeout 0.5 s, the watchdog
-    alone: no torch)."""
+def test_the_first_batch_of_an_evaluation_gets_the_first_steps_allowance():
+    """An evaluation loader starts its workers when an evaluation asks for its first batch: that wait, like the
+    first training step, gets FIRST_STEP_TIMEOUT, at every evaluation; a later batch as slow does not (timeout 0.5 s,
+    the watchdog alone: no torch)."""
     code = ("import sys, time; sys.path.insert(0, sys.argv[1]); from common.watchdog import Watchdog\n"
-            "def slow(n):\n    for i in range(n):\n        time.sleep(1.2)\n        yield i\n"
+            "def slow(*waits):\n    for i, s in enumerate(waits):\n        time.sleep(s)\n        yield i\n"
             "w = Watchdog(0.5); list(w.batches(range(2)))\n"
-            "list(w.batches(slow(1), evaluating=True)); print('first evaluation batch waited', flush=True)\n"
-            "list(w.batches(slow(1), evaluating=True)); print('second evaluation batch waited')")  # fmt: skip
+            "for _ in range(2):\n    list(w.batches(slow(1.2), evaluating=True)); print('waited', flush=True)\n"
+            "list(w.batches(slow(0, 1.2), evaluating=True)); print('second batch waited')")  # fmt: skip
     p = subprocess.run([PY, "-c", code, str(REPO)], capture_output=True, text=True, timeout=30)
-    assert (p.returncode, p.stdout) == (124, "first evaluation batch waited\n"), (p.returncode, p.stdout, p.stderr)
+    assert (p.returncode, p.stdout) == (124, "waited\nwaited\n"), (p.returncode, p.stdout, p.stderr)
     assert "no progress for 1s waiting for the next evaluation batch from the data loader" in p.stderr, p.stderr

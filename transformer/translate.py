@@ -30,9 +30,8 @@ from common.utils import amp_dtype
 from transformer.data import decode, encode, one_line, read_lines
 from transformer.model import ModelConfig, Transformer, allow_cudnn_attention, translate_ids
 
-gc.collect()  # the collector was off during the imports above (start-up CPU: bench/startup.py); what they
-gc.freeze()  # built lives as long as the process: frozen out of every later collection
-gc.enable()
+gc.freeze()  # the collector was off during the imports above (start-up CPU: bench/startup.py); what they built
+gc.enable()  # lives as long as the process: frozen out of every later collection
 
 
 def get_args_parser() -> argparse.ArgumentParser:
