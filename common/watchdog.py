@@ -91,9 +91,9 @@ class Watchdog:
 
     def _watch(self) -> None:
         while not self._stopped.wait(self._poll):
-            since, what, _ = state = self.state
+            since, what, starting = self.state
             idle = time.monotonic() - since
-            if idle > self._limit(state):
+            if idle > self._limit(starting):
                 self._fire(idle, what)
             if not self._stopped.is_set():
                 self._arm_fallback()
@@ -101,11 +101,11 @@ class Watchdog:
     def _arm_fallback(self) -> None:
         """A fallback in C for a main thread stuck in C code that holds the GIL, where the watchdog thread cannot
         run: re-armed at every poll, it fires (stacks, then exit code 1) only after a whole timeout of missed polls."""
-        faulthandler.dump_traceback_later(self._limit(self.state) + self._poll, exit=True, file=2)
+        faulthandler.dump_traceback_later(self._limit(self.state[2]) + self._poll, exit=True, file=2)
 
-    def _limit(self, state: tuple) -> float:
-        starting = not self.stepped or state[2]
-        return max(self.timeout, FIRST_STEP_TIMEOUT) if starting else self.timeout
+    def _limit(self, starting: bool) -> float:
+        """Seconds without progress allowed now: the first step's allowance before it is done or while starting."""
+        return max(self.timeout, FIRST_STEP_TIMEOUT) if starting or not self.stepped else self.timeout
 
     def _fire(self, idle: float, what: str) -> None:
         """Stacks, then the one-line error, then exit. os._exit works where raising in the main thread would
