@@ -9,6 +9,8 @@
 #   jpeg-scaling --gpu-decode (torchvision) and --dummy, CUDA graphs, on 1, 2, 4 ... GPUs, 20,480 JPEGs (2 GPUs: ~6 min)
 #   cifar        CIFAR-10 recipes ($CIFAR_SEEDS seeds, default 3; one run per GPU, in rounds): fast and full ResNet-18,
 #                full ResNet-50 on 1 GPU and on 2; then each data path for 20 epochs
+#   cifar-paper  the paper's CIFAR ResNets (cifar_resnet/model.py): ResNet-20 and ResNet-56 with the fast recipe,
+#                $CIFAR_SEEDS seeds, one run per GPU, in rounds
 #   transformer  1 GPU: transformer base, the bare step against the script on Multi30k x 8 (--compile); the small
 #                preset's script with --compile and with CUDA graphs, and its bare step
 #   scaling      transformer base weak scaling on Multi30k x 8, --compile: 1, 2, ... GPUs side by side
@@ -29,7 +31,7 @@ usage() {
 [ $# -ge 1 ] || usage
 workload=$1
 shift
-case $workload in rn50 | jpeg | jpeg-scaling | cifar | transformer | scaling | bleu | restart | nccl) ;; *) usage ;; esac
+case $workload in rn50 | jpeg | jpeg-scaling | cifar | cifar-paper | transformer | scaling | bleu | restart | nccl) ;; *) usage ;; esac
 gpus=$({ nvidia-smi -L 2>/dev/null || true; } | wc -l)
 out=runs/reproduce
 while [ $# -gt 0 ]; do
@@ -68,6 +70,16 @@ keep() { # keep RUN_DIR NAME: the run's metrics as $out/NAME<gpu>.jsonl (NAME en
 }
 cifar_data() { # the 50,000 CIFAR-10 training JPEGs in /tmp/c/train/<class>/
   [ -d /tmp/c/train ] || { mkdir -p /tmp/c && tar -xJf "$CIFAR_TAR" -C /tmp/c; }
+}
+C=(cifar_resnet/train.py --data-dir /tmp/c --val-split 5000 --gpu-data --compile -b 512 -j 16 --tta -p 1000)
+G=(--compile-mode reduce-overhead)           # CUDA graphs
+FAST=(--lr 0.4 --epochs 80 --eval-every 10) # the fast recipe
+slot=0
+on_gpu() { # on_gpu NAME ARGS...: one single-GPU CIFAR run, on the next free GPU once all are busy
+  local g=$((slot++ % gpus))
+  [ "$g" -gt 0 ] || wait
+  (CUDA_VISIBLE_DEVICES=$g python3 "${C[@]}" "${G[@]}" "${@:2}" --output-dir "/tmp/$1" 2>&1 | tee "$out/$1$hw.log" &&
+    keep "/tmp/$1" "$1") &
 }
 m8_data() { # Multi30k x 8 in /tmp/m8 (232,000 pairs), so that an epoch holds enough steps to time
   [ -f /tmp/m8/train.en ] && return
@@ -109,21 +121,12 @@ jpeg-scaling)
   ;;
 cifar)
   cifar_data
-  C=(cifar_resnet/train.py --data-dir /tmp/c --val-split 5000 --gpu-data --compile -b 512 -j 16 --tta -p 1000)
-  G=(--compile-mode reduce-overhead)                                                 # CUDA graphs
-  FAST=(--lr 0.4 --epochs 80 --eval-every 10)                                       # fast ResNet-18
   R18=(--lr 0.4 --epochs 200 --random-erasing 0.5 --ema 0.999 --eval-every 20)     # full ResNet-18
   R50=(-a resnet50 --lr 0.4 --epochs 200 --random-erasing 0.5 --ema 0.999 --eval-every 10) # full ResNet-50
   seeds=${CIFAR_SEEDS:-3}
   # The first run decodes the JPEGs into the cache next to them (its "data" time); the others read the cache.
   rm -f /tmp/c/.decoded-*.npz
   python3 "${C[@]}" "${G[@]}" "${FAST[@]}" --seed 0 --output-dir /tmp/cfast_0 && keep /tmp/cfast_0 cifar_r18_fast_seed0_1x
-  on_gpu() { # on_gpu NAME ARGS...: one single-GPU run, on the next free GPU once all are busy
-    local g=$((slot++ % gpus))
-    [ "$g" -gt 0 ] || wait
-    (CUDA_VISIBLE_DEVICES=$g python3 "${C[@]}" "${G[@]}" "${@:2}" --output-dir "/tmp/$1" && keep "/tmp/$1" "$1") &
-  }
-  slot=0
   for ((s = 1; s < seeds; s++)); do on_gpu "cifar_r18_fast_seed${s}_1x" "${FAST[@]}" --seed "$s"; done
   for ((s = 0; s < seeds; s++)); do
     on_gpu "cifar_r18_full_seed${s}_1x" "${R18[@]}" --seed "$s"
@@ -140,6 +143,17 @@ cifar)
     keep /tmp/c20_gpu cifar_r18_e20_gpudata_1x
   python3 "${C[@]:0:5}" "${C[@]:6}" --lr 0.4 --epochs 20 --eval-every 5 --seed 0 --output-dir /tmp/c20_loader &&
     keep /tmp/c20_loader cifar_r18_e20_dataloader_1x
+  ;;
+cifar-paper)
+  cifar_data
+  seeds=${CIFAR_SEEDS:-3}
+  rm -f /tmp/c/.decoded-*.npz # the first run decodes the JPEGs into the cache alone (its "data" time), then the rest
+  on_gpu cifar_r20_fast_seed0_1x -a resnet20 "${FAST[@]}" --seed 0
+  wait
+  slot=0
+  for ((s = 1; s < seeds; s++)); do on_gpu "cifar_r20_fast_seed${s}_1x" -a resnet20 "${FAST[@]}" --seed "$s"; done
+  for ((s = 0; s < seeds; s++)); do on_gpu "cifar_r56_fast_seed${s}_1x" -a resnet56 "${FAST[@]}" --seed "$s"; done
+  wait
   ;;
 transformer)
   m8_data

@@ -38,6 +38,7 @@ from cifar_resnet.data import (
     to_uint8_tensors,
     train_transform,
 )
+from cifar_resnet.model import DEPTHS, CifarResNet
 from common.checkpoint import CheckpointWriter, Position, resolve_resume, restore_training, set_schedule_position
 from common.data import (
     ExactEvalSampler,
@@ -80,7 +81,7 @@ gc.freeze()
 gc.enable()
 
 T_START = time.time()
-ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
+ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", *DEPTHS)
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -146,6 +147,8 @@ def get_args_parser() -> argparse.ArgumentParser:
 def build_model(arch: str) -> nn.Module:
     if arch not in ARCHS:
         raise UserError(f"unknown --arch {arch!r} (choose from {', '.join(ARCHS)})")
+    if arch in DEPTHS:  # the paper's CIFAR ResNets, built for 32 px
+        return CifarResNet(DEPTHS[arch])
     model = getattr(torchvision.models, arch)(num_classes=10)
     # CIFAR stem: 3x3 stride-1 conv, no max-pool, so 32x32 inputs keep their resolution.
     model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)

@@ -24,6 +24,7 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
+TORCHRUN = str(REPO / "tests/helpers/torchrun.py")
 
 
 # `pytest -n auto` (pytest-xdist, --dist loadgroup in pyproject.toml) hands out groups of tests, one per free
@@ -81,9 +82,10 @@ def run_parallel(cmds: list[list], env: dict | None = None, timeout: float = 240
 
 
 def torchrun_cmd(nproc: int, *args, restarts: int = 0) -> list[str]:
-    """The command line of `torchrun --standalone --nproc_per_node=N [--max-restarts=R] args...` (the real launcher)."""
+    """The command line of `torchrun --standalone --nproc_per_node=N [--max-restarts=R] args...`: the real launcher
+    (tests/helpers/torchrun.py runs its entry point with the GC off while torch imports)."""
     elastic = [f"--max-restarts={restarts}"] if restarts else []
-    return [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *elastic, *map(str, args)]
+    return [PY, TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", *elastic, *map(str, args)]
 
 
 def torchrun(nproc: int, *args: str, **kw):
@@ -231,11 +233,11 @@ def shared(tmp_path_factory, name: str, make) -> Path:
 
 
 def cifar_resume_cmd(data, out, *extra, gpu_data: bool = True) -> list[str]:
-    """cifar_resnet/train.py on 40 images, 3 epochs of 5 steps per rank at 2 ranks, the GPU-resident data path (or
-    the DataLoader's) with random erasing and EMA, a checkpoint every 2 steps: test_cifar.py's resume, preemption and
-    restart runs, and test_fault.py's dead-peer runs."""
+    """cifar_resnet/train.py's ResNet-20 on 40 images, 3 epochs of 5 steps per rank at 2 ranks, the GPU-resident data
+    path (or the DataLoader's) with random erasing and EMA, a checkpoint every 2 steps: test_cifar.py's resume,
+    preemption and restart runs, and test_fault.py's dead-peer runs."""
     data_path = ["--gpu-data", "-j", "0"] if gpu_data else ["-j", "1"]
-    return ["cifar_resnet/train.py", "--data-dir", str(data), "--epochs", "3", *data_path,
+    return ["cifar_resnet/train.py", "--data-dir", str(data), "-a", "resnet20", "--epochs", "3", *data_path,
             "--random-erasing", "0.5", "--ema", "0.9", "-b", "4", "-p", "1", "--seed", "3", "--save-every-steps", "2",
             "--output-dir", str(out), *map(str, extra)]  # fmt: skip
 

@@ -24,9 +24,10 @@ from tests.conftest import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cifar_resnet.data import decode_folder, gpu_random_erasing  # noqa: E402
-from cifar_resnet.train import EMA  # noqa: E402
+from cifar_resnet.model import BasicBlock  # noqa: E402
+from cifar_resnet.train import EMA, build_model  # noqa: E402
 
-TINY = ["-b", "4", "--print-freq", "1", "--seed", "3"]
+TINY = ["-a", "resnet20", "-b", "4", "--print-freq", "1", "--seed", "3"]  # the paper's ResNet-20: fast on a CPU
 
 
 def records(out):
@@ -189,6 +190,24 @@ def test_resume_under_another_world_size_continues_the_epoch(tmp_path, tiny_imag
     assert train[2]["lr"] > train[1]["lr"]  # jumped to the new peak (cosine, no warmup)
     last = torch.load(tmp_path / "last.pt", weights_only=True)
     assert (last["epoch"], last["batch_in_epoch"], last["step"]) == (2, 0, 11)
+
+
+def test_the_papers_cifar_resnets():
+    """He et al. 2016, section 4.2: 6n + 2 layers with weights (convolutions and the linear layer; the shortcuts have
+    none) and 0.27M, 0.46M, 0.66M, 0.85M and 1.7M parameters; where a stage begins, the shortcut is the input
+    subsampled and zero-padded with channels."""
+    paper = {"resnet20": 0.27, "resnet32": 0.46, "resnet44": 0.66, "resnet56": 0.85, "resnet110": 1.7}
+    for arch, millions in paper.items():
+        model = build_model(arch)
+        assert round(sum(p.numel() for p in model.parameters()) / 1e6, 2 if millions < 1 else 1) == millions, arch
+        layers = [m for m in model.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+        assert len(layers) == int(arch.removeprefix("resnet")), arch
+    assert build_model("resnet20")(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    block = BasicBlock(16, 32, stride=2)
+    torch.nn.init.zeros_(block.bn2.weight)  # the residual branch gives 0: the block is relu(shortcut)
+    x = torch.randn(2, 16, 8, 8)
+    expected = torch.cat([x[:, :, ::2, ::2], torch.zeros(2, 16, 4, 4)], dim=1).relu()
+    assert torch.equal(block(x), expected)
 
 
 def test_gpu_random_erasing_is_per_sample_and_a_function_of_the_seed():

@@ -36,7 +36,8 @@ def test_exact_eval_identical_for_world_sizes_1_2_3(tmp_path, tiny_imagefolder, 
     import cifar_resnet.train as train
 
     out = tmp_path / "train"
-    common = ["--data-dir", tiny_imagefolder, "-b", "4", "-j", "0", "--epochs", "1", "--max-steps", "2", "--seed", "1"]
+    common = ["--data-dir", tiny_imagefolder, "-a", "resnet20", "-b", "4", "-j", "0", "--epochs", "1"]
+    common += ["--max-steps", "2", "--seed", "1"]
     evaluate = ["cifar_resnet/train.py", *common, "-e", "--resume", out / "last.pt", "--output-dir"]
     for argv in (["cifar_resnet/train.py", *common, "--output-dir", out], [*evaluate, tmp_path / "eval1"]):
         monkeypatch.setattr(sys, "argv", list(map(str, argv)))

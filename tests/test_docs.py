@@ -11,7 +11,7 @@ import torch
 
 from tests.conftest import PY, REPO, run
 
-TINY_CIFAR = [PY, "cifar_resnet/train.py", "--synthetic", "-b", "4", "-j", "0", "-p", "1"]  # seconds on a CPU
+TINY_CIFAR = [PY, "cifar_resnet/train.py", "--synthetic", "-a", "resnet20", "-b", "4", "-j", "0", "-p", "1"]
 CPU_BLOCK = re.compile(r"<!-- cpu-tested -->\s*```bash\n(.*?)```", re.S)
 
 
@@ -75,6 +75,8 @@ def test_copy_as_template_runs_unchanged(tmp_path):
             "--nproc_per_node=2",
             "cifar_resnet/train.py",
             "--synthetic",
+            "-a",
+            "resnet20",
             "--max-steps",
             "2",
             "-b",

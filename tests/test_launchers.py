@@ -1,7 +1,7 @@
 """The scripts in scripts/ under the real launchers: torchrun (two c10d agents), torch.distributed.launch,
 --dist-url processes, MPICH's mpiexec.hydra, Open MPI's mpirun and accelerate launch, on CPU with gloo.
 
-Each run trains cifar_resnet/train.py for 2 steps on a tiny on-disk CIFAR-10 through
+Each run trains cifar_resnet/train.py's ResNet-20 for 2 steps on a tiny on-disk CIFAR-10 through
 tests/helpers/spy_train.py, which records per rank what the launcher gave it and which samples the
 training sampler really handed it. Every run must show: the right world size and launcher, ranks
 0..N-1 once each, disjoint data shards, and a finished last.pt. Slurm is in test_slurm.py.
@@ -42,7 +42,7 @@ def train(out: Path, data: Path, steps: int = 2, *extra: str) -> list[str]:
     return [
         SPY,
         "cifar_resnet/train.py",
-        *("--data-dir", str(data), "--max-steps", str(steps), "-b", "2", "-j", "0", "--epochs", "1"),
+        *("--data-dir", str(data), "-a", "resnet20", "--max-steps", str(steps), "-b", "2", "-j", "0", "--epochs", "1"),
         *("--print-freq", "1", "--output-dir", str(out), *extra),
     ]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import PY, REPO, make_jpeg_imagefolder, run
+from tests.conftest import PY, REPO, TORCHRUN, make_jpeg_imagefolder, run
 
 STALL_EXIT = "exitcode  : 124"  # torchrun's summary of the rank the watchdog ended
 
@@ -24,7 +24,7 @@ def data(tmp_path_factory):
 
 def torchrun_imagenet(data, out, *extra):
     """2 ranks of imagenet/train.py on real JPEGs: a small model, 64-pixel crops, 5 steps an epoch."""
-    return [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "imagenet/train.py", str(data),
+    return [PY, TORCHRUN, "--standalone", "--nproc_per_node=2", "imagenet/train.py", str(data),
             "-a", "mobilenet_v3_small", "-b", "4", "--train-crop-size", "64", "--val-crop-size", "64",
             "--val-resize-size", "64", "-p", "1", "--output-dir", str(out), *extra]  # fmt: skip
 
@@ -102,7 +102,7 @@ def communicate(proc, timeout):
         return proc.communicate(timeout=timeout)[0]
     except subprocess.TimeoutExpired:
         alive = [f"{pid} (parent {ppid}): {cmd[:120]!r}" for pid, (ppid, cmd, _) in processes().items()
-                 if b"train.py" in cmd or b"forkserver" in cmd or b"torch.distributed.run" in cmd]  # fmt: skip
+                 if b"train.py" in cmd or b"forkserver" in cmd or b"torchrun" in cmd]  # fmt: skip
         proc.kill()
         try:
             out = proc.communicate(timeout=5)[0]
