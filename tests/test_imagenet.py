@@ -46,10 +46,10 @@ def data(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def runs(data, tmp_path_factory) -> dict:
-    """A: the pytorch/examples command line (mp.spawn, 2 CPU processes) stopped mid-epoch at step 3, then
-    resumed under torchrun to the end, loading in the main process (-j 0). B: the same training under torchrun,
-    uninterrupted, with a DataLoader worker per rank: every random stream is a function of (seed, epoch, index), so
-    the worker count does not change the result."""
+    """A: the pytorch/examples command line (mp.spawn, 2 CPU processes, a DataLoader worker each) stopped mid-epoch
+    at step 3, then resumed under torchrun to the end, loading in the main process (-j 0). B: the same training under
+    torchrun, uninterrupted, loading in the main process: every random stream is a function of (seed, epoch, index),
+    so the worker count does not change the result."""
     root = tmp_path_factory.mktemp("runs")
     a, b = root / "a", root / "b"
     port = free_port()
@@ -59,8 +59,8 @@ def runs(data, tmp_path_factory) -> dict:
     p1 = run([PY, SCRIPT, *examples, *TINY, *extra])
     snap = {"config": json.loads((a / "config.json").read_text()), "ckpt": ckpt(a / "last.pt"), "stdout": p1.stdout}
     snap["train"], snap["val"] = records(a, "train"), records(a, "val")
-    p2 = torchrun(2, SCRIPT, str(data), *TINY, "-j", "0", "--output-dir", a)  # no DataLoader worker: see below
-    p3 = torchrun(2, SCRIPT, str(data), *TINY, "--output-dir", b)
+    p2 = torchrun(2, SCRIPT, str(data), *TINY, "-j", "0", "--output-dir", a)
+    p3 = torchrun(2, SCRIPT, str(data), *TINY, "-j", "0", "--output-dir", b)
     return {"a": a, "b": b, "first": snap, "resumed_stdout": p2.stdout, "b_stdout": p3.stdout}
 
 
