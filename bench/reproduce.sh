@@ -25,7 +25,7 @@
 set -euo pipefail
 
 usage() {
-  sed -n '2,22s/^# \{0,1\}//p' "$0" >&2
+  sed -n '2,24s/^# \{0,1\}//p' "$0" >&2
   exit 2
 }
 [ $# -ge 1 ] || usage
