@@ -37,12 +37,12 @@ def cifar_dir(tmp_path_factory) -> Path:
     return make_cifar_pickles(tmp_path_factory.mktemp("cifar"), n_train=N_TRAIN, n_test=16)
 
 
-def train(out: Path, data: Path, steps: int = 2, *extra: str) -> list[str]:
+def train(out: Path, data: Path, steps: int = 2, *extra: str, arch: str = "resnet20") -> list[str]:
     """spy_train.py + cifar_resnet/train.py arguments: a launch script's TRAIN_SCRIPT [TRAIN_ARGS]."""
     return [
         SPY,
         "cifar_resnet/train.py",
-        *("--data-dir", str(data), "-a", "resnet20", "--max-steps", str(steps), "-b", "2", "-j", "0", "--epochs", "1"),
+        *("--data-dir", str(data), "-a", arch, "--max-steps", str(steps), "-b", "2", "-j", "0", "--epochs", "1"),
         *("--print-freq", "1", "--output-dir", str(out), *extra),
     ]
 

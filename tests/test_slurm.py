@@ -92,7 +92,8 @@ def test_sbatch_preempted_requeues_and_resumes(slurm_env, tmp_path, cifar_dir, s
     and stop, the job requeues itself, and the second start continues from the checkpoint to the end."""
     env = {**slurm_env, "NPROC_PER_NODE": "2"}
     log, out = tmp_path / "job.log", tmp_path / "run"
-    job_id = sbatch(env, log, *sbatch_args, script, *train(out, cifar_dir, 12))
+    # ResNet-18: its steps last long enough for the signal to travel from scancel to the tasks before step 12
+    job_id = sbatch(env, log, *sbatch_args, script, *train(out, cifar_dir, 12, arch="resnet18"))
     t0 = time.time()
     while not (out / "metrics.jsonl").exists() or len(train_steps(out)) < 2:
         assert time.time() - t0 < 120 and job(env, job_id)["JobState"] in ("PENDING", "RUNNING"), log.read_text()
