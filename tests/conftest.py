@@ -233,12 +233,13 @@ def shared(tmp_path_factory, name: str, make) -> Path:
 
 
 def cifar_resume_cmd(data, out, *extra, gpu_data: bool = True) -> list[str]:
-    """cifar_resnet/train.py's ResNet-20 on 40 images, 6 epochs of 5 steps per rank at 2 ranks, the GPU-resident data
-    path (or the DataLoader's) with random erasing and EMA, a checkpoint every 2 steps: test_cifar.py's resume,
-    preemption and restart runs, and test_fault.py's dead-peer runs. Their faults follow a checkpoint; the 30 steps
-    (about 70 ms each on 2 cores) leave the run about 2 s after step 4 to take them before it ends."""
+    """cifar_resnet/train.py's ResNet-20 on 40 images, 12 epochs of 5 steps per rank at 2 ranks, the GPU-resident
+    data path (or the DataLoader's) with random erasing and EMA, a checkpoint every 2 steps: test_cifar.py's resume,
+    preemption and restart runs, and test_fault.py's dead-peer runs. Their faults follow an early checkpoint, and the
+    run must still be going: ResNet-20's steps are short, so 60 of them (on 2 idle cores, 4.5-5 s from step 4 to the
+    end, where ResNet-18's 15 steps took 6.4 s)."""
     data_path = ["--gpu-data", "-j", "0"] if gpu_data else ["-j", "1"]
-    return ["cifar_resnet/train.py", "--data-dir", str(data), "-a", "resnet20", "--epochs", "6", *data_path,
+    return ["cifar_resnet/train.py", "--data-dir", str(data), "-a", "resnet20", "--epochs", "12", *data_path,
             "--random-erasing", "0.5", "--ema", "0.9", "-b", "4", "-p", "1", "--seed", "3", "--save-every-steps", "2",
             "--output-dir", str(out), *map(str, extra)]  # fmt: skip
 

@@ -98,7 +98,7 @@ def test_resume_from_a_checkpoint_saved_at_an_epoch_end(tmp_path, tmp_path_facto
 
 @pytest.mark.parametrize("data_path", ["loader", "gpu-data"])
 def test_resume_mid_epoch_is_bit_identical(tmp_path, tmp_path_factory, data_path):
-    """Uninterrupted 6 epochs (30 steps) == stop at step 3 (mid-epoch 1) + the same command again, stopped after its
+    """Uninterrupted 12 epochs (60 steps) == stop at step 3 (mid-epoch 1) + the same command again, stopped after its
     next checkpoint, + ... + the same command to the end. The DataLoader path is preempted twice: SIGUSR2 (Slurm's
     --signal), then SIGTERM, to a worker (every rank stops at the same step, rank 0 saves, exit 75). The --gpu-data
     path is preempted by SIGTERM to torchrun, which forwards it, then continues under torchrun --max-restarts=1: a
@@ -116,15 +116,15 @@ def test_resume_mid_epoch_is_bit_identical(tmp_path, tmp_path_factory, data_path
     resumed_at = 3
     for target, sig in [("launcher", SIGTERM)] if gpu else [("worker", SIGUSR2), ("worker", SIGTERM)]:
         stopped, log = preempt(cmd(out), out, at=resumed_at + 1, target=target, sig=sig)
-        assert f"step {resumed_at}, batch {resumed_at % 5} of" in log and resumed_at < stopped < 30
+        assert f"step {resumed_at}, batch {resumed_at % 5} of" in log and resumed_at < stopped < 60
         resumed_at = stopped
     if gpu:  # the restart resumes from the checkpoint the kill followed, or from the final save if it came after it
         resumed = restart_after_sigkill(cmd(out), out, at=resumed_at + 1)
-        assert len(resumed) == 2 and resumed[0] == resumed_at < resumed[1] <= 30, resumed
+        assert len(resumed) == 2 and resumed[0] == resumed_at < resumed[1] <= 60, resumed
     else:
         assert f"step {resumed_at}, batch {resumed_at % 5} of" in torchrun(2, *cmd(out)).stdout
     a, b = (torch.load(tmp_path / f"{x}/last.pt", weights_only=True) for x in "ab")
-    assert a["step"] == b["step"] == 30
+    assert a["step"] == b["step"] == 60
     for k, v in [*a["model"].items(), *(("ema." + k, v) for k, v in a["ema"].items())]:
         assert torch.equal(v, (b["ema"] if k.startswith("ema.") else b["model"])[k.removeprefix("ema.")]), k
     assert not torch.equal(a["ema"]["fc.weight"], a["model"]["fc.weight"])  # the average lags the weights
@@ -133,7 +133,7 @@ def test_resume_mid_epoch_is_bit_identical(tmp_path, tmp_path_factory, data_path
     assert not torch.equal(mid["model"]["fc.weight"], a["model"]["fc.weight"])  # not vacuous: it trained on
     # every step's loss; a step done again after the restart logs again (the same loss: the last one is kept)
     losses_a, losses_b = ({r["step"]: r["loss"] for r in records(tmp_path / x) if r["split"] == "train"} for x in "ab")
-    assert list(losses_a) == list(range(1, 31)) and losses_a == losses_b
+    assert list(losses_a) == list(range(1, 61)) and losses_a == losses_b
 
 
 @pytest.mark.parametrize(
