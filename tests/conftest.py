@@ -27,9 +27,9 @@ PY = sys.executable
 TORCHRUN = str(REPO / "tests/helpers/torchrun.py")
 
 
-# `pytest -n auto` (pytest-xdist, --dist loadgroup in pyproject.toml) hands out groups of tests, one per free
-# worker, slowest first so that none is left running alone at the end (--no-loadscope-reorder in pyproject.toml keeps
-# this order: xdist would otherwise hand out the groups with the most tests first). A group is a file, so that a
+# `pytest -n auto` (pytest-xdist, --dist loadgroup set below) hands out groups of tests, one per free worker, slowest
+# first so that none is left running alone at the end (--no-loadscope-reorder keeps this order: xdist would otherwise
+# hand out the groups with the most tests first). A group is a file, so that a
 # module's fixtures run once, except test_fault.py: its other-script runs are one group, its peer-failure tests go one
 # by one. An uninterrupted reference run that tests in several files compare with (see shared) is made by whichever
 # group needs it first; a group that needs it meanwhile waits.
@@ -45,10 +45,28 @@ def group(item) -> str:
     return name + "::other" if "other_reference" in item.fixturenames else item.nodeid
 
 
+def pytest_configure(config):
+    """With -n N: --dist loadgroup --no-loadscope-reorder, set here rather than in addopts so that pytest without
+    pytest-xdist (or with -p no:xdist) runs a file as usual. A worker parses only the command line, so it learns
+    from the controller that it must name each test's group in the test's id."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    if hasattr(config, "workerinput"):
+        config.option.loadgroup = config.workerinput["loadgroup"]
+    elif config.getoption("dist") == "load":
+        config.option.dist, config.option.loadscopereorder = "loadgroup", False
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook, in the controller, for each worker it starts
+def pytest_configure_node(node):
+    node.workerinput["loadgroup"] = node.config.getoption("dist") == "loadgroup"
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(items):
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group(item)))
+def pytest_collection_modifyitems(config, items):
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group(group(item)))
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(group(item), len(rank)))  # stable: each group keeps its own order
 
