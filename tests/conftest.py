@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import os
 import pickle
 import re
@@ -10,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,6 +23,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np
 import pytest
 import torch
+
+# Inductor's cache does not tell CPU kernel levels apart: code compiled under one ATEN_CPU_CAPABILITY and loaded under
+# another crashes (heap corruption, failed index checks). One cache per level, for this process and its children.
+CPU_LEVEL = torch.backends.cpu.get_cpu_capability().lower()
+os.environ.setdefault(
+    "TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_{CPU_LEVEL}")
+)
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
