@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from common.distributed import DistInfo
+from common.checkpoint import atomic_write
+from common.distributed import DistInfo, all_reduce_sum
 from common.errors import UserError
 
 
@@ -96,10 +97,51 @@ class MetricsLogger:
                 {f"{split}/{k}": v for k, v in record.items() if isinstance(v, (int, float))}, step=record.get("step")
             )
 
+    def rewind(self, step: int, eval_step: int) -> None:
+        """On a resume from a checkpoint at ``step``: keep the records it accounts for (training up to ``step``,
+        evaluations up to ``eval_step``), so that the rerun logs each step once and evaluates nothing twice, and the
+        file reads as an uninterrupted run's (the time record is written again at the end)."""
+        if not self.enabled or not self.path.exists():
+            return
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by a kill
+                continue
+            at = r.get("step")
+            if at is not None and (at < step or (at == step and (r.get("split") == "train" or at == eval_step))):
+                kept.append(line + "\n")
+        with atomic_write(self.path) as f:
+            f.write("".join(kept).encode())
+
     def close(self) -> None:
         if self.wandb is not None:
             self.wandb.finish()
             self.wandb = None
+
+
+class LossWindow:
+    """The training loss this rank summed since the last log line, over how many units (micro-batches or tokens),
+    and since which step and time. ``state`` (every rank calls it) goes into last.pt with every rank's sum, so that
+    the first log line after a resume is the one an uninterrupted run logs."""
+
+    def __init__(self, info: DistInfo, step: int, state: dict[str, Any] | None = None):
+        self.rank, self.world = info.rank, info.world_size
+        self.sum = torch.zeros((), device=info.device)
+        self.reset(step)
+        if state and len(state["sums"]) == self.world:  # another world size starts a new window
+            self.sum.copy_(state["sums"][self.rank])
+            self.n, self.step0, self.t0 = state["n"], state["step0"], self.t0 - state["seconds"]
+
+    def reset(self, step: int) -> None:
+        self.sum.zero_()
+        self.n, self.step0, self.t0 = 0, step, time.time()
+
+    def state(self) -> dict[str, Any]:
+        sums = torch.zeros(self.world, device=self.sum.device)
+        sums[self.rank] = self.sum  # the others' entries stay 0: the sum gathers each rank's value bit for bit
+        return {"sums": all_reduce_sum(sums), "n": self.n, "step0": self.step0, "seconds": time.time() - self.t0}
 
 
 class Progress:
