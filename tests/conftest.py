@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import re
@@ -175,6 +176,14 @@ def assert_same_training_state(ref: dict, got: dict) -> None:
     for i, state in ref["optimizer"]["state"].items():
         for k, v in state.items():
             assert torch.equal(torch.as_tensor(v), torch.as_tensor(got["optimizer"]["state"][i][k])), (i, k)
+
+
+def run_records(out) -> list[dict]:
+    """metrics.jsonl less what depends on the clock (time, throughput, the time record): what a resumed run must log
+    exactly as the uninterrupted run did, each step once."""
+    clock = ("time", "img_per_s", "tok_per_s")
+    recs = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in clock} for r in recs if r["split"] != "time"]
 
 
 def make_jpeg_imagefolder(root: Path, split_sizes: dict[str, int], classes: int = 3, size: int = 32, seed: int = 0):

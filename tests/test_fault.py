@@ -17,6 +17,7 @@ from tests.conftest import (
     popen,
     preempt,
     restart_after_sigkill,
+    run_records,
     torchrun,
     transformer_corpus,
     transformer_ddp_cmd,
@@ -100,7 +101,7 @@ def other_reference(tmp_path_factory):
             else:
                 out = tmp_path_factory.mktemp(f"ref_{name}") / "ref"
                 torchrun(2, *other_script_cmd(name, tmp_path_factory, out))
-            refs[name] = torch.load(out / "last.pt", weights_only=True)
+            refs[name] = {**torch.load(out / "last.pt", weights_only=True), "records": run_records(out)}
         return refs[name]
 
     return get
@@ -111,8 +112,8 @@ def test_preemption_and_elastic_restart_other_scripts(name, other_reference, tmp
     """imagenet/ and transformer/: SIGTERM to one worker after the first checkpoint: every rank stops at the same
     step, rank 0 saves, exit 75. The same command continues under torchrun --max-restarts=1; SIGKILL a worker after
     its next checkpoint: the group restarts from last.pt and finishes, past an epoch end, bit-identical to an
-    uninterrupted run (dropout included): weights, optimizer state, epoch and step. This is also the transformer's
-    resume test (its uninterrupted run loads in a DataLoader worker, these in the main process)."""
+    uninterrupted run (dropout included): weights, optimizer state, epoch and step, and metrics.jsonl. This is also
+    the transformer's resume test (its uninterrupted run loads in a DataLoader worker, these in the main process)."""
     ref = other_reference(name)
     out = tmp_path / "run"
     cmd = other_script_cmd(name, tmp_path_factory, out)
@@ -121,3 +122,4 @@ def test_preemption_and_elastic_restart_other_scripts(name, other_reference, tmp
     resumed = restart_after_sigkill(cmd, out, at=stopped + 1)
     assert len(resumed) == 2 and resumed[0] == stopped < resumed[1] <= ref["step"], resumed  # see the cifar test
     assert_same_training_state(ref, torch.load(out / "last.pt", weights_only=True))
+    assert run_records(out) == ref["records"]  # each step and evaluation once, the same values
