@@ -257,6 +257,19 @@ def cifar_data(tmp_path_factory) -> Path:
     return shared(tmp_path_factory, "cifar_data", lambda d: make_jpeg_imagefolder(d, {"train": 40, "test": 7}, 10))
 
 
+def cifar_loader_cmd(data, out, *extra) -> list[str]:
+    """cifar_resume_cmd on the DataLoader path (a worker per rank), logged every 3 steps: checkpoints (every 2) fall
+    inside an open loss window."""
+    return cifar_resume_cmd(data, out, "-p", "3", *extra, gpu_data=False)
+
+
+def cifar_loader_reference(tmp_path_factory) -> Path:
+    """The output dir of the uninterrupted torchrun run of cifar_loader_cmd, which test_cifar.py's resume test and
+    test_chaos.py compare with."""
+    data = cifar_data(tmp_path_factory)
+    return shared(tmp_path_factory, "cifar_loader_reference", lambda d: torchrun(2, *cifar_loader_cmd(data, d)))
+
+
 def transformer_ddp_cmd(data, out, *extra) -> list[str]:
     """transformer/train.py on a local de->en corpus by 2 processes, 13.5 steps an epoch, a checkpoint every 3 steps,
     to step 18: test_fault.py's preempted, resumed and restarted run compares with one uninterrupted run of it
