@@ -137,9 +137,9 @@ def wait_for_step(out, step, proc, timeout=120):
     raise AssertionError("no checkpoint in time")
 
 
-def popen(cmd):
+def popen(cmd, **kw):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
 def preempt(cmd, out, at, target="worker", sig=signal.SIGTERM) -> tuple[int, str]:

@@ -2,6 +2,7 @@
 also by SIGUSR2 and through torchrun, in test_cifar.py's resume test), dead or stuck peers never hang the survivors."""
 
 import os
+import re
 import signal
 import time
 
@@ -17,6 +18,7 @@ from tests.conftest import (
     popen,
     preempt,
     restart_after_sigkill,
+    run,
     run_records,
     torchrun,
     transformer_corpus,
@@ -123,3 +125,32 @@ def test_preemption_and_elastic_restart_other_scripts(name, other_reference, tmp
     assert len(resumed) == 2 and resumed[0] == stopped < resumed[1] <= ref["step"], resumed  # see the cifar test
     assert_same_training_state(ref, torch.load(out / "last.pt", weights_only=True))
     assert run_records(out) == ref["records"]  # each step and evaluation once, the same values
+
+
+# ------------------------------------------------------------------ preemption with DataLoader workers
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "process-group"])
+def test_preemption_with_dataloader_workers(data, tmp_path, launcher):
+    """SIGTERM reaches a rank's DataLoader worker and its fork server too: torchrun's agent forwards it to each
+    rank's whole process group (os.killpg), as Slurm signals every process of a step, and timeout(1) or a shell
+    signals a whole process group (here: one process, -j 1, in a session of its own). The workers ignore it, so
+    the ranks stop at a step boundary, save, and exit 75; torchrun itself exits 1 (its SignalException). The rerun
+    continues from the step they stopped at."""
+    out = tmp_path / "run"
+    cmd = train_cmd(data, out, gpu_data=False)  # -j 1
+    if launcher == "torchrun":
+        stopped, log = preempt(cmd, out, at=2, target="launcher")
+        assert "SignalException" in log  # torchrun's own exit, code 1 (see preempt)
+    else:
+        proc = popen([PY, *cmd], start_new_session=True)
+        wait_for_step(out, 2, proc)
+        os.killpg(proc.pid, signal.SIGTERM)
+        log, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 75, log[-3000:]
+        stopped = torch.load(out / "last.pt", weights_only=True)["step"]
+    assert f"stopped by SIGTERM at step {stopped}; checkpoint saved" in log, log[-3000:]
+    assert "exited unexpectedly" not in log and "[rank" not in log.replace("[rank0]:[W", ""), log[-3000:]
+    if launcher == "process-group":  # a rerun continues (after torchrun too: test_cifar.py's resume test)
+        rerun = run([PY, *cmd, "--max-steps", str(stopped + 1)]).stdout
+        assert re.search(rf"resumed from .*: epoch \d+, step {stopped},", rerun), rerun[-3000:]
