@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
+import torch.distributed as dist
 
 from common.checkpoint import atomic_write
-from common.distributed import DistInfo, all_reduce_sum
+from common.distributed import DistInfo, all_reduce_sum, at_cleanup, broadcast_object, is_dist
 from common.errors import UserError
 
 
@@ -31,7 +33,9 @@ def _git_commit() -> str | None:
 
 
 def prepare_output_dir(output_dir: str | os.PathLike) -> Path:
-    """Create the output dir and check it is writable (a one-line error, not a late crash)."""
+    """Create the output dir, check it is writable (a one-line error, not a late crash), and make this job its only
+    writer: global rank 0 holds a lock on ``<dir>/.lock`` (``_lock``); a second job stops on every rank with one
+    line naming the holder's host and pid. Call on every rank, after setup_distributed."""
     out = Path(output_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -40,7 +44,44 @@ def prepare_output_dir(output_dir: str | os.PathLike) -> Path:
         probe.unlink()
     except OSError as e:
         raise UserError(f"output dir {out} is not writable ({e.strerror}; pick another --output-dir)") from None
+    holder = broadcast_object(_lock(out) if not is_dist() or dist.get_rank() == 0 else None)
+    if holder:
+        raise UserError(
+            f"output dir {out} is in use by another job: {holder} (wait for it to end or stop it, "
+            "or pick another --output-dir)"
+        )
     return out
+
+
+_LOCKS: dict[Path, IO[str]] = {}
+
+
+def _lock(out: Path) -> str | None:
+    """Take an exclusive flock on ``out/.lock`` and write this host and pid into it; None once held, else the
+    holder's text. The kernel releases it when the process ends, however it ends (SIGKILL included), so a restarted
+    (torchrun --max-restarts) or requeued job takes it once the previous attempt's rank 0 is gone."""
+    path = (out / ".lock").resolve()
+    if path in _LOCKS:  # this process holds it (a second run in one process, as tests do)
+        return None
+    f = open(path, "a+")
+    try:
+        import fcntl
+
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "a job that is starting"
+        f.close()
+        return holder
+    except (ImportError, OSError):  # no flock here (Windows, a filesystem without locks): no lock
+        f.close()
+        return None
+    f.truncate(0)
+    f.write(f"host {socket.gethostname()}, pid {os.getpid()}\n")
+    f.flush()
+    _LOCKS[path] = f
+    at_cleanup(lambda: _LOCKS.pop(path).close())
+    return None
 
 
 class MetricsLogger:

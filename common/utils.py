@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
 import sys
 from collections.abc import Iterable
@@ -123,7 +124,11 @@ class StopSignal:
         return stop
 
     def exit_preempted(self, step: int, logger: Any) -> None:
-        """After the last checkpoint was saved: say how to continue, close the logs, exit 75."""
+        """After the last checkpoint was saved: say how to continue, close the logs, exit 75. Also create the file
+        that ``$PREEMPTED_MARKER`` names, if set: scripts/slurm/requeue.sh requeues on it, as the exit code it
+        sees is torchrun's (1, when torchrun was signalled too), not the ranks' 75."""
+        if os.environ.get("PREEMPTED_MARKER"):
+            open(os.environ["PREEMPTED_MARKER"], "a").close()
         print0(
             f"stopped by {self.received or 'a signal on another rank'} at step {step}; checkpoint saved, "
             f"rerun the same command to continue (exit {PREEMPTED_EXIT_CODE})"

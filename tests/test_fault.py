@@ -1,9 +1,11 @@
 """Fault tolerance with real processes: preemption by SIGTERM and elastic restart after SIGKILL (the CIFAR script's,
 also by SIGUSR2 and through torchrun, in test_cifar.py's resume test), dead or stuck peers never hang the survivors."""
 
+import json
 import os
 import re
 import signal
+import socket
 import time
 
 import pytest
@@ -14,6 +16,7 @@ from tests.conftest import (
     assert_same_training_state,
     cifar_data,
     cifar_resume_cmd,
+    descendants_with_rank,
     free_port,
     popen,
     preempt,
@@ -21,6 +24,7 @@ from tests.conftest import (
     run,
     run_records,
     torchrun,
+    torchrun_cmd,
     transformer_corpus,
     transformer_ddp_cmd,
     transformer_reference,
@@ -154,3 +158,51 @@ def test_preemption_with_dataloader_workers(data, tmp_path, launcher):
     if launcher == "process-group":  # a rerun continues (after torchrun too: test_cifar.py's resume test)
         rerun = run([PY, *cmd, "--max-steps", str(stopped + 1)]).stdout
         assert re.search(rf"resumed from .*: epoch \d+, step {stopped},", rerun), rerun[-3000:]
+
+
+# ------------------------------------------------------------------ one job per output dir, ranks never outlive it
+
+
+def test_ranks_exit_with_their_killed_agent(data, tmp_path):
+    """torchrun starts its ranks in sessions of their own: SIGKILL of the agent reaches none of them. Each rank sees
+    its launcher gone and exits within a second or two with one line, its DataLoader worker with it (the pipe of the
+    job's output closes); the same command then takes the output directory and continues from last.pt."""
+    out = tmp_path / "run"
+    cmd = train_cmd(data, out, gpu_data=False)  # -j 1
+    proc = popen(torchrun_cmd(2, *cmd))
+    wait_for_step(out, 2, proc)
+    os.kill(proc.pid, signal.SIGKILL)
+    t0 = time.time()
+    log, _ = proc.communicate(timeout=60)  # returns once every process holding its output is gone
+    assert time.time() - t0 < 5, log[-3000:]
+    for rank in (0, 1):
+        assert f"error: rank {rank}: its launcher (torchrun, pid {proc.pid}) is gone, so it exits too" in log, log[
+            -3000:
+        ]
+    assert "Traceback" not in log and "done:" not in log, log[-3000:]
+    stopped = torch.load(out / "last.pt", weights_only=True)["step"]
+    rerun = torchrun(2, *cmd, "--max-steps", stopped + 1).stdout
+    assert re.search(rf"resumed from .*: epoch \d+, step {stopped},", rerun), rerun[-3000:]
+
+
+def test_a_second_job_on_a_busy_output_dir_is_refused(data, tmp_path):
+    """Two jobs on one --output-dir: the second stops on every rank with one line naming the first one's host and
+    rank 0's pid (the holder of <dir>/.lock), before it writes anything; the first goes on unharmed (here until
+    SIGTERM: it saves and stops as usual, every step logged once)."""
+    out = tmp_path / "run"
+    first = popen(torchrun_cmd(2, *train_cmd(data, out, "--epochs", 1000)))
+    try:
+        wait_for_step(out, 2, first)
+        (rank0,) = descendants_with_rank(first.pid, 0)
+        second = run(torchrun_cmd(2, *train_cmd(data, out)), check=False)
+        assert first.poll() is None
+    finally:
+        first.send_signal(signal.SIGTERM)
+        log, _ = first.communicate(timeout=120)
+    line = f"error: output dir {out} is in use by another job: host {socket.gethostname()}, pid {rank0} ("
+    assert second.returncode != 0 and second.stderr.count(line) == 2, second.stderr[-3000:]
+    assert "[rank" not in second.stdout + second.stderr, second.stderr[-3000:]  # no traceback from a rank
+    stopped = torch.load(out / "last.pt", weights_only=True)["step"]
+    assert f"stopped by SIGTERM at step {stopped}; checkpoint saved" in log, log[-3000:]
+    train = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["split"] == "train"]
+    assert [r["step"] for r in train] == list(range(1, stopped + 1))
