@@ -68,6 +68,7 @@ def make_data(name: str, root: Path) -> Path:
         sys.path.insert(0, str(REPO))
         from transformer.data import synthetic_corpus
 
+        root.mkdir(parents=True)
         for split, (src, tgt) in synthetic_corpus(1, (400, 30, 21)).items():
             (root / f"{split}.de").write_text("\n".join(src) + "\n")
             (root / f"{split}.en").write_text("\n".join(tgt) + "\n")
