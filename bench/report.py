@@ -124,6 +124,14 @@ def startup(script: str, mode: str, key: str) -> float:
     )
 
 
+def chaos_row(script: str) -> str:
+    """A BENCHMARKS row from bench/chaos.py's summary line: faults survived / thrown per kind, endings alike."""
+    log = f"chaos_{script}_16cpu.jsonl"
+    (s,) = [json.loads(x)["summary"] for x in text(log).splitlines() if x.startswith('{"summary"')]
+    kinds = " | ".join(f"{s['survived'][k]}/{s['thrown'][k]}" for k in s["thrown"])
+    return f"| {script} | {kinds} | {s['bit_identical']}/{s['endings']} | {s['records_equal']}/{s['endings']} | [[{log}]] |"
+
+
 def eff(f, many: str, one: str, n: int) -> float:
     """Per-GPU weak-scaling efficiency in %: throughput on n GPUs against n times one GPU's."""
     return 100 * f[many] / (n * f[one])
@@ -223,6 +231,7 @@ CIFAR_BENCH = {
 }
 
 FIGURES = {
+    **per(("cifar", "transformer", "imagenet"), "chaos_{}", chaos_row),  # bench/chaos.py, random faults
     # Process start-up with and without the cyclic GC during the imports (bench/startup.py)
     **per(STARTUP_SCRIPTS, "start_{}_on", lambda k: startup(k, "gc on", "cpu_median_s")),
     **per(STARTUP_SCRIPTS, "start_{}_off", lambda k: startup(k, "gc off, frozen", "cpu_median_s")),
@@ -760,6 +769,21 @@ process spends on the objects the imports made.
 | `transformer/train.py` | {start_transformer_on:.2f} s | {start_transformer_off:.2f} s | {start_transformer_less:.0f}% | {start_transformer_gc_on:.0f} / {start_transformer_gc_off:.1f} ms |
 
 Log: [[startup_gc_2core.json]] (the table as printed: [[startup_gc_2core.txt]]).
+""",
+    "chaos": """\
+Random faults thrown at 2-process CPU runs (gloo) under torchrun, each followed by the same command again until the
+run ends: `python3 bench/chaos.py SCRIPT --faults 50 --seed 0 --budget-s 450 --log LOG`, the three scripts at
+once, on 16 CPU cores of an H100 host, torch 2.11, Python 3.12. CIFAR (ResNet-20 on 40 JPEGs, 60 steps) and
+imagenet (ResNet-18 on an ImageFolder of 64 JPEGs, 64 steps) load with a DataLoader worker per rank, the
+transformer (`--preset tiny`, about 80 steps) too. A fault survived when no rank outlived the job and nothing hung;
+an ending is bit-identical when every tensor of `last.pt` (weights, optimizer, EMA, scheduler) and the position
+equal the uninterrupted run's, and metrics.jsonl holds the same records, each step once.
+
+| script | SIGKILL of a rank | SIGKILL of rank 0 mid-write | SIGKILL of the agent | SIGTERM of the agent | SIGSTOP, SIGCONT of a rank | endings bit-identical | metrics.jsonl alike | log |
+|---|---|---|---|---|---|---|---|---|
+{chaos_cifar}
+{chaos_transformer}
+{chaos_imagenet}
 """,
     "checkpoint": """\
 - Transformer `base` (48.2M parameters; weights and AdamW's two moments, about 580 MB), 4× {H100}: rank 0 writes `last.pt` in

@@ -39,7 +39,14 @@ from cifar_resnet.data import (
     train_transform,
 )
 from cifar_resnet.model import DEPTHS, CifarResNet
-from common.checkpoint import CheckpointWriter, Position, resolve_resume, restore_training, set_schedule_position
+from common.checkpoint import (
+    CheckpointWriter,
+    Position,
+    eval_due,
+    resolve_resume,
+    restore_training,
+    set_schedule_position,
+)
 from common.data import (
     ExactEvalSampler,
     ResumableDistributedSampler,
@@ -60,7 +67,7 @@ from common.distributed import (
     setup_distributed,
 )
 from common.errors import UserError, run_cli
-from common.metrics import MetricsLogger, Progress, prepare_output_dir
+from common.metrics import LossWindow, MetricsLogger, Progress, prepare_output_dir
 from common.utils import (
     StopSignal,
     amp_dtype,
@@ -316,19 +323,28 @@ def main(args: argparse.Namespace) -> None:
             extra={"ema": ema.module} if ema else None,
         )
     epoch, step, batch_in_epoch, best, wandb_id = pos.epoch, pos.step, pos.batch_in_epoch, pos.best_metric, pos.wandb_id
+    eval_step = pos.eval_step
     set_schedule_position(scheduler, epoch * steps_per_epoch + batch_in_epoch // args.accum_steps, lr)
+    carried = ckpt.get("wall", {})  # earlier processes' time, each up to its last checkpoint
 
-    writer = CheckpointWriter()  # writes on a thread: the step waits only for a copy of the state in host memory
+    def wall_total() -> dict[str, float]:
+        now = {**wall, "wall": time.time() - T_START}
+        return {k: now.get(k, 0.0) + carried.get(k, 0.0) for k in {*now, *carried}}
+
+    # writes on a thread: the step waits only for a copy of the state in host memory
+    writer = CheckpointWriter(out if info.is_main else None)
 
     def save(name: str, keep_last: int = 0) -> float:
         """Returns the seconds it took, which the throughput leaves out (as it does evaluation)."""
         t = time.time()
         watchdog.beat(CHECKPOINT)
+        window = loss_window.state()  # every rank's part
         if info.is_main:  # [DDP 4] only rank 0 writes, atomically
             state = dict(model=model_without_ddp.state_dict(), optimizer=optimizer.state_dict(),
                          scheduler=scheduler.state_dict(), scaler=scaler.state_dict(), epoch=epoch, step=step,
-                         batch_in_epoch=batch_in_epoch, best_metric=best, args=vars(args),
-                         world_size=info.world_size, wandb_id=wandb_id)  # fmt: skip
+                         batch_in_epoch=batch_in_epoch, best_metric=best, eval_step=eval_step, args=vars(args),
+                         world_size=info.world_size, wandb_id=wandb_id, loss_window=window,
+                         wall=wall_total())  # fmt: skip
             if ema:
                 state["ema"] = ema.module.state_dict()
             writer.save(state, out / name, keep_last=keep_last)
@@ -371,12 +387,18 @@ def main(args: argparse.Namespace) -> None:
     watchdog = Watchdog(args.stall_timeout, info.rank)  # a stall becomes stacks and an exit
 
     # ---- training loop
-    stopped = False
-    loss_sum, loss_n, t0, step0 = torch.zeros((), device=device), 0, time.time(), step
-    while epoch < args.epochs and step < max_steps and not stopped:
+    def due() -> bool:  # an evaluation at this position, not yet recorded
+        return eval_due(args.eval_every, args.epochs, epoch, batch_in_epoch, step, max_steps, eval_step)
+
+    stopped, pending, loss_window = False, due(), LossWindow(info, step, ckpt.get("loss_window"))
+    todo = step < max_steps or pending  # False: a rerun of a finished run, which changes no file
+    if todo and ckpt_path is not None:
+        logger.rewind(step, eval_step)
+    while not stopped and (step < max_steps or pending):
         train_model.train()
         micro = 0
-        for x, y in watchdog.batches(train_batches(epoch, batch_in_epoch)):
+        # an evaluation that the last process did not record comes before any further step
+        for x, y in () if pending else watchdog.batches(train_batches(epoch, batch_in_epoch)):
             micro += 1
             sync = micro % args.accum_steps == 0
             with model.no_sync() if (not sync and info.world_size > 1) else contextlib.nullcontext():
@@ -385,7 +407,7 @@ def main(args: argparse.Namespace) -> None:
                         train_model(x.contiguous(memory_format=torch.channels_last) if channels_last else x), y
                     )
                 scaler.scale(loss / args.accum_steps).backward()
-            loss_sum += loss.detach()
+            loss_window.sum += loss.detach()
             if not sync:
                 continue
             scaler.step(optimizer)
@@ -400,11 +422,11 @@ def main(args: argparse.Namespace) -> None:
                     torch.cuda.synchronize(device)
                 wall["compile"] = time.time() - t_data
             batch_in_epoch += args.accum_steps
-            loss_n += args.accum_steps
+            loss_window.n += args.accum_steps
             if step % args.print_freq == 0 or step == max_steps:
-                loss_avg = all_reduce_sum(loss_sum.clone()).item() / (loss_n * info.world_size)  # the one host sync
-                dt = time.time() - t0
-                ips = (step - step0) * global_batch / dt
+                # the one host sync
+                loss_avg = all_reduce_sum(loss_window.sum.clone()).item() / (loss_window.n * info.world_size)
+                ips = (step - loss_window.step0) * global_batch / (time.time() - loss_window.t0)
                 logger.log(
                     {
                         "split": "train",
@@ -418,40 +440,44 @@ def main(args: argparse.Namespace) -> None:
                 progress.update(
                     step, f"epoch {epoch} loss {loss_avg:.4f} lr {scheduler.get_last_lr()[0]:.4g} {ips:.0f} img/s"
                 )
-                loss_sum.zero_()
-                loss_n, t0, step0 = 0, time.time(), step
+                loss_window.reset(step)
             if args.save_every_steps and step % args.save_every_steps == 0:
-                t0 += save("last.pt", args.keep_last)
+                loss_window.t0 += save("last.pt", args.keep_last)
             stopped = stop.should_stop()
             if step >= max_steps or stopped:
                 break
         epoch_done = batch_in_epoch >= steps_per_epoch * args.accum_steps
         if epoch_done:
             epoch, batch_in_epoch = epoch + 1, 0
-        if args.eval_every > 0 and (
-            (epoch_done and (epoch % args.eval_every == 0 or epoch == args.epochs))
-            or (step >= max_steps and not stopped)
-        ):
+        if not stopped and due():  # a preempted run saves at once: its rerun evaluates
             m = evaluate(functools.partial(watchdog.batches, evaluating=True))
             logger.log({"split": eval_name, "epoch": epoch, "step": step, **m})
             progress.write(f"epoch {epoch} {eval_name}: {describe(m)}")
             if m["acc1"] > best:
                 best = m["acc1"]
                 save("best.pt")
-            t0, step0 = time.time(), step  # keep eval time out of the throughput
-        t0 += save("last.pt")  # keep checkpoint time out of the throughput too
+            eval_step, loss_window.t0, loss_window.step0 = step, time.time(), step  # eval time is not throughput
+        pending = False
+        loss_window.t0 += save("last.pt")  # keep checkpoint time out of the throughput too
     stop.close()
     watchdog.stop()
     progress.close()
     writer.wait()  # the last checkpoint is on disk before the run says so
     if stopped:
         stop.exit_preempted(step, logger)
-    wall["wall"] = time.time() - T_START
-    wall["train"] = 2 * wall["wall"] - sum(wall.values())
-    parts = {k: wall.get(k, 0.0) for k in ("start", "data", "compile", "train", "eval", "checkpoint", "wall")}
+    if not todo:
+        print0(f"done: step {step}, best {eval_name} acc1 {best:.2f} (already finished: nothing to do)")
+        return logger.close()
+    # The time of every process of the run: each one's up to its last checkpoint, and this one's whole.
+    total = wall_total()
+    total["train"] = 2 * total["wall"] - sum(v for k, v in total.items() if k != "train")
+    parts = {k: total.get(k, 0.0) for k in ("start", "data", "compile", "train", "eval", "checkpoint", "wall")}
     logger.log({"split": "time", **{f"{k}_s": round(v, 2) for k, v in parts.items()}})
     split = ", ".join(f"{k} {v:.1f}s" for k, v in parts.items() if k != "wall")
-    print0(f"done: step {step}, best {eval_name} acc1 {best:.2f} ({split}), wall {wall['wall']:.1f}s since start")
+    print0(
+        f"done: step {step}, best {eval_name} acc1 {best:.2f} ({split}), wall {total['wall']:.1f}s "
+        + ("since start" if not carried else "summed over its processes")
+    )
     logger.close()
 
 

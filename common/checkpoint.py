@@ -124,17 +124,27 @@ def _to_host(obj: Any) -> Any:
     return obj
 
 
+def remove_temporaries(output_dir: str | os.PathLike) -> None:
+    """Delete what writes killed midway left behind (``.last.pt.*.tmp``, ``step_*.pt.tmp``, ...): only the one
+    process that writes into ``output_dir`` may call this, before it writes."""
+    for tmp in [*Path(output_dir).glob(".*.tmp"), *Path(output_dir).glob("step_*.pt.tmp")]:
+        tmp.unlink(missing_ok=True)
+
+
 class CheckpointWriter:
     """save_checkpoint on a background thread, so that training goes on while the file is written and fsynced.
 
     ``save`` copies the state into host memory first (the only part the caller waits for: training changes the
     device tensors in place right after), then waits for the previous write. One write at a time. Call ``wait``
     before the process reports its end; an error of the write is raised by the next ``save`` or ``wait``.
+    The writing rank passes ``output_dir``: temporaries that killed writes left there are removed first.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, output_dir: str | os.PathLike | None = None) -> None:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        if output_dir is not None:
+            remove_temporaries(output_dir)
 
     def save(self, state: dict[str, Any], path: str | os.PathLike, keep_last: int = 0) -> None:
         snapshot = _to_host(state)
@@ -212,6 +222,16 @@ class Position:
     batch_in_epoch: int = 0  # micro-batches of this epoch already done (a multiple of --accum-steps)
     best_metric: float = 0.0
     wandb_id: str | None = None
+    eval_step: int = 0  # the step of the last evaluation whose results are recorded (or of the start)
+
+
+def eval_due(every: int, epochs: int, epoch: int, batch_in_epoch: int, step: int, max_steps: int, eval_step: int):
+    """Is an evaluation due at this position? After every ``every``-th epoch and the last one, and at the last step;
+    never twice at one step: ``eval_step`` is the step of the last recorded one. A function of the position alone,
+    so that a run stopped before or during an evaluation does it on resume."""
+    if every <= 0 or step == eval_step:
+        return False
+    return (batch_in_epoch == 0 and epoch > 0 and (epoch % every == 0 or epoch == epochs)) or step >= max_steps
 
 
 def restore_training(
@@ -242,7 +262,8 @@ def restore_training(
                 obj.load_state_dict(ckpt[key])
     except (KeyError, ValueError, RuntimeError) as e:
         raise UserError(f"checkpoint {path} has no usable optimizer state ({str(e)[:200]})") from None
-    pos = Position(ckpt["epoch"], ckpt["step"], ckpt["batch_in_epoch"], ckpt["best_metric"], ckpt.get("wandb_id"))
+    pos = Position(ckpt["epoch"], ckpt["step"], ckpt["batch_in_epoch"], ckpt["best_metric"], ckpt.get("wandb_id"),
+                   ckpt.get("eval_step", ckpt["step"]))  # fmt: skip
     print0(f"resumed from {path}: epoch {pos.epoch}, step {pos.step}, batch {pos.batch_in_epoch} of the epoch")
     old_world = ckpt.get("world_size", world_size)
     old_micro = ckpt.get("args", {}).get("batch_size", batch_size) * old_world  # samples per micro-batch

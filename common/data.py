@@ -109,8 +109,26 @@ def die_with_parent() -> None:
         ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
+def leave_signals_to_the_rank() -> None:
+    """Ignore SIGINT and the stop signals (``common.utils.STOP_SIGNALS``) in a DataLoader worker and its fork server.
+
+    torchrun's agent forwards a signal to each rank's whole process group (os.killpg), Slurm signals every process
+    of a job step, a terminal's Ctrl-C the whole foreground group. Left to their defaults, the workers die of it
+    before their rank reaches a step boundary, and the rank fails with "DataLoader worker exited unexpectedly"
+    instead of saving and exiting 75 (or, on Ctrl-C, with that error instead of its KeyboardInterrupt). The rank
+    decides; its workers die with it (``die_with_parent``), and the stall watchdog SIGKILLs a stuck one.
+    """
+    import signal
+
+    from common.utils import STOP_SIGNALS
+
+    for name in ("SIGINT", *STOP_SIGNALS):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+
+
 def init_worker(worker_id: int) -> None:
-    """DataLoader worker_init_fn: seed python/numpy from the worker's torch seed; die with the fork server.
+    """DataLoader worker_init_fn: seed python/numpy from the worker's torch seed; die with the fork server; leave
+    stop signals to the rank (torch's worker loop has just installed its own SIGTERM handler, which exits).
 
     A worker forked from the fork server inherits its imports with the cyclic GC off (common/forkserver_guard.py):
     frozen, later collections never touch them, so the pages the worker shares with the server stay shared."""
@@ -126,6 +144,7 @@ def init_worker(worker_id: int) -> None:
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed(s)
     die_with_parent()
+    leave_signals_to_the_rank()
 
 
 def loader_generator(seed: int, rank: int) -> torch.Generator:
@@ -155,4 +174,16 @@ def worker_context(num_workers: int) -> multiprocessing.context.BaseContext | No
     heavy = ("torch", "torch.distributed", "torchvision", "PIL.Image", "numpy")
     forkserver.set_forkserver_preload(["common.forkserver_guard"] + [m for m in heavy if m in sys.modules])
     forkserver.ensure_running()
+    import atexit
+
+    atexit.unregister(_kill_workers)
+    atexit.register(_kill_workers)  # registered after multiprocessing's own exit hook, so it runs before it
     return multiprocessing.get_context("forkserver")
+
+
+def _kill_workers() -> None:
+    """At exit, SIGKILL the DataLoader workers still running (a rank that fails leaves its loaders to the end):
+    multiprocessing's exit hook would send them SIGTERM, which they ignore, and then wait for them for good."""
+    for p in multiprocessing.active_children():
+        if p.daemon:
+            p.kill()

@@ -12,13 +12,15 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import multiprocessing.util
 import os
 import random
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,6 +183,7 @@ def setup_distributed(args: argparse.Namespace, *, launch: LaunchEnv | None = No
     two ranks on GPU 0.
     """
     launch = launch or detect_launcher(None, args.dist_url, args.world_size, args.rank, args.local_rank)
+    exit_with_launcher(launch)
     if torch.cuda.is_available() and args.dist_backend not in ("gloo", "ccl"):
         if launch.local_rank >= torch.cuda.device_count():
             raise UserError(
@@ -268,7 +271,60 @@ def _wait_for_master(init_method: str, timeout_s: float) -> None:
             time.sleep(0.5)
 
 
+def exit_with_launcher(launch: LaunchEnv, poll: float = 0.5) -> None:
+    """Under an elastic agent (torchrun, torch.distributed.launch, accelerate) or mp.spawn, end this rank within a
+    second of its launcher's death, with one line.
+
+    torchrun starts each rank in a session of its own, and nothing else ties a rank to its agent: ranks whose agent
+    was SIGKILLed (by hand, by the OOM killer) would go on training and writing into the output directory, or wait
+    for the dead agent's store forever. A daemon thread compares os.getppid() with the parent seen at start. Other
+    launchers are left alone: slurmstepd ends a step's tasks itself, and the parent of a plain ``python`` (a shell,
+    nohup) may go without ending the job.
+    """
+    global _launcher
+    if "TORCHELASTIC_RUN_ID" not in os.environ and launch.launcher != "mp.spawn":
+        return
+    _launcher = (launch, os.getppid())
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll)
+            _exit_if_launcher_gone()
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+
+
+_launcher: tuple[LaunchEnv, int] | None = None  # (how this rank was launched, the launcher's pid)
+_exiting = threading.Lock()
+
+
+def _exit_if_launcher_gone() -> None:
+    """The watch thread's check, also made by cleanup_distributed: a peer whose watch fired first makes this rank's
+    collective fail, and that error is the same event, told by one line rather than a traceback."""
+    if _launcher is None or os.getppid() == _launcher[1]:
+        return
+    with _exiting:  # one line, whichever thread comes first; the other waits here for os._exit
+        launch, parent = _launcher
+        # straight to fd 2, and os._exit: the main thread may be blocked in C (a collective, the dead store)
+        os.write(2, f"error: rank {launch.rank}: its launcher ({launch.launcher}, pid {parent}) is gone, so it "
+                    "exits too (rerun the command to continue from the last checkpoint)\n".encode())  # fmt: skip
+        threading.Timer(2.0, os._exit, (1,)).start()  # in case a finalizer below blocks
+        multiprocessing.util._run_finalizers(0)  # unlink the DataLoader's semaphores, as a normal exit does
+        os._exit(1)
+
+
+_AT_CLEANUP: list[Callable[[], None]] = []
+
+
+def at_cleanup(fn: Callable[[], None]) -> None:
+    """Have ``cleanup_distributed()`` call ``fn`` (e.g. to release the output directory's lock)."""
+    _AT_CLEANUP.append(fn)
+
+
 def cleanup_distributed() -> None:
+    _exit_if_launcher_gone()
+    while _AT_CLEANUP:
+        _AT_CLEANUP.pop()()
     if dist.is_available() and dist.is_initialized():
         # Free unreachable objects first: a DDP model left in a reference cycle holds its process group, and if
         # it is only freed during interpreter shutdown, Gloo's threads abort the process ("terminate called

@@ -1,11 +1,12 @@
 """Imported by the DataLoader fork server only, first (``common.data.worker_context`` preloads it): the server
 imports the heavy modules after it with Python's cyclic GC off (each worker freezes what it inherits and turns the
-collector on, in ``init_worker``), and dies with the rank that started it, and its workers with it (see
-``common.data.die_with_parent``)."""
+collector on, in ``init_worker``), dies with the rank that started it, and its workers with it (see
+``common.data.die_with_parent``), and ignores the signals that its rank handles (``leave_signals_to_the_rank``)."""
 
 import gc
 
 gc.disable()
-from common.data import die_with_parent  # noqa: E402
+from common.data import die_with_parent, leave_signals_to_the_rank  # noqa: E402
 
 die_with_parent()
+leave_signals_to_the_rank()

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
+import torch.distributed as dist
 
-from common.distributed import DistInfo
+from common.checkpoint import atomic_write
+from common.distributed import DistInfo, all_reduce_sum, at_cleanup, broadcast_object, is_dist
 from common.errors import UserError
 
 
@@ -30,7 +33,9 @@ def _git_commit() -> str | None:
 
 
 def prepare_output_dir(output_dir: str | os.PathLike) -> Path:
-    """Create the output dir and check it is writable (a one-line error, not a late crash)."""
+    """Create the output dir, check it is writable (a one-line error, not a late crash), and make this job its only
+    writer: global rank 0 holds a lock on ``<dir>/.lock`` (``_lock``); a second job stops on every rank with one
+    line naming the holder's host and pid. Call on every rank, after setup_distributed."""
     out = Path(output_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -39,7 +44,44 @@ def prepare_output_dir(output_dir: str | os.PathLike) -> Path:
         probe.unlink()
     except OSError as e:
         raise UserError(f"output dir {out} is not writable ({e.strerror}; pick another --output-dir)") from None
+    holder = broadcast_object(_lock(out) if not is_dist() or dist.get_rank() == 0 else None)
+    if holder:
+        raise UserError(
+            f"output dir {out} is in use by another job: {holder} (wait for it to end or stop it, "
+            "or pick another --output-dir)"
+        )
     return out
+
+
+_LOCKS: dict[Path, IO[str]] = {}
+
+
+def _lock(out: Path) -> str | None:
+    """Take an exclusive flock on ``out/.lock`` and write this host and pid into it; None once held, else the
+    holder's text. The kernel releases it when the process ends, however it ends (SIGKILL included), so a restarted
+    (torchrun --max-restarts) or requeued job takes it once the previous attempt's rank 0 is gone."""
+    path = (out / ".lock").resolve()
+    if path in _LOCKS:  # this process holds it (a second run in one process, as tests do)
+        return None
+    f = open(path, "a+")
+    try:
+        import fcntl
+
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "a job that is starting"
+        f.close()
+        return holder
+    except (ImportError, OSError):  # no flock here (Windows, a filesystem without locks): no lock
+        f.close()
+        return None
+    f.truncate(0)
+    f.write(f"host {socket.gethostname()}, pid {os.getpid()}\n")
+    f.flush()
+    _LOCKS[path] = f
+    at_cleanup(lambda: _LOCKS.pop(path).close())
+    return None
 
 
 class MetricsLogger:
@@ -96,10 +138,51 @@ class MetricsLogger:
                 {f"{split}/{k}": v for k, v in record.items() if isinstance(v, (int, float))}, step=record.get("step")
             )
 
+    def rewind(self, step: int, eval_step: int) -> None:
+        """On a resume from a checkpoint at ``step``: keep the records it accounts for (training up to ``step``,
+        evaluations up to ``eval_step``), so that the rerun logs each step once and evaluates nothing twice, and the
+        file reads as an uninterrupted run's (the time record is written again at the end)."""
+        if not self.enabled or not self.path.exists():
+            return
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by a kill
+                continue
+            at = r.get("step")
+            if at is not None and (at < step or (at == step and (r.get("split") == "train" or at == eval_step))):
+                kept.append(line + "\n")
+        with atomic_write(self.path) as f:
+            f.write("".join(kept).encode())
+
     def close(self) -> None:
         if self.wandb is not None:
             self.wandb.finish()
             self.wandb = None
+
+
+class LossWindow:
+    """The training loss this rank summed since the last log line, over how many units (micro-batches or tokens),
+    and since which step and time. ``state`` (every rank calls it) goes into last.pt with every rank's sum, so that
+    the first log line after a resume is the one an uninterrupted run logs."""
+
+    def __init__(self, info: DistInfo, step: int, state: dict[str, Any] | None = None):
+        self.rank, self.world = info.rank, info.world_size
+        self.sum = torch.zeros((), device=info.device)
+        self.reset(step)
+        if state and len(state["sums"]) == self.world:  # another world size starts a new window
+            self.sum.copy_(state["sums"][self.rank])
+            self.n, self.step0, self.t0 = state["n"], state["step0"], self.t0 - state["seconds"]
+
+    def reset(self, step: int) -> None:
+        self.sum.zero_()
+        self.n, self.step0, self.t0 = 0, step, time.time()
+
+    def state(self) -> dict[str, Any]:
+        sums = torch.zeros(self.world, device=self.sum.device)
+        sums[self.rank] = self.sum  # the others' entries stay 0: the sum gathers each rank's value bit for bit
+        return {"sums": all_reduce_sum(sums), "n": self.n, "step0": self.step0, "seconds": time.time() - self.t0}
 
 
 class Progress:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
 import sys
 from collections.abc import Iterable
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 from common.distributed import all_reduce_sum, is_dist, print0
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "stopped on a signal after saving; rerun the same command"
+STOP_SIGNALS = ("SIGTERM", "SIGUSR2")  # a rank stops on these at a step boundary; its DataLoader workers ignore them
 
 
 def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
@@ -89,14 +91,14 @@ def count_params(params: Iterable[torch.nn.Parameter]) -> int:
 
 
 class StopSignal:
-    """Turns SIGTERM (and ``--stop-signal``, default SIGUSR2) into a stop at a step boundary.
+    """Turns SIGTERM and SIGUSR2 (Slurm's ``--signal``) into a stop at a step boundary.
 
     Any rank (or the launcher, which forwards signals) may get the signal; all
     ranks agree through a tiny all-reduce on a CPU (gloo) group, started at one
     step and read at the next, so it never blocks the GPU stream.
     """
 
-    def __init__(self, names: Iterable[str] = ("SIGTERM", "SIGUSR2")):
+    def __init__(self, names: Iterable[str] = STOP_SIGNALS):
         self.flag = torch.zeros(1, dtype=torch.int32)
         self.work = None
         self.group = None
@@ -122,7 +124,11 @@ class StopSignal:
         return stop
 
     def exit_preempted(self, step: int, logger: Any) -> None:
-        """After the last checkpoint was saved: say how to continue, close the logs, exit 75."""
+        """After the last checkpoint was saved: say how to continue, close the logs, exit 75. Also create the file
+        that ``$PREEMPTED_MARKER`` names, if set: scripts/slurm/requeue.sh requeues on it, as the exit code it
+        sees is torchrun's (1, when torchrun was signalled too), not the ranks' 75."""
+        if os.environ.get("PREEMPTED_MARKER"):
+            open(os.environ["PREEMPTED_MARKER"], "a").close()
         print0(
             f"stopped by {self.received or 'a signal on another rank'} at step {step}; checkpoint saved, "
             f"rerun the same command to continue (exit {PREEMPTED_EXIT_CODE})"

@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # find common/ 
 from common.checkpoint import (
     CheckpointWriter,
     Position,
+    eval_due,
     load_checkpoint,
     load_model_state,
     resolve_resume,
@@ -62,7 +63,7 @@ from common.distributed import (
     setup_distributed,
 )
 from common.errors import UserError, run_cli
-from common.metrics import MetricsLogger, Progress, prepare_output_dir
+from common.metrics import LossWindow, MetricsLogger, Progress, prepare_output_dir
 from common.spawn import spawn
 from common.utils import (
     StopSignal,
@@ -406,27 +407,31 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
 
     # ---- resume (same command restarted by torchrun/Slurm continues where it stopped)
-    pos = Position(epoch=args.start_epoch)
+    pos, ckpt = Position(epoch=args.start_epoch), {}
     if ckpt_path is not None:
-        pos, _ = restore_training(ckpt_path, model_without_ddp, optimizer, scheduler, scaler,
+        pos, ckpt = restore_training(ckpt_path, model_without_ddp, optimizer, scheduler, scaler,
                                   world_size=info.world_size, batch_size=args.batch_size,
                                   accum_steps=args.accum_steps, extra={"model_ema": ema} if ema else None)  # fmt: skip
     epoch, step, batch_in_epoch, best, wandb_id = pos.epoch, pos.step, pos.batch_in_epoch, pos.best_metric, pos.wandb_id
     at = epoch * steps_per_epoch + batch_in_epoch // args.accum_steps  # where the LR schedule should be
     set_schedule_position(scheduler, at, lr)
     step = step or at  # main.py's --start-epoch also counts the skipped epochs' steps
+    eval_step = pos.eval_step if ckpt_path is not None else step
 
-    writer = CheckpointWriter()  # writes on a thread: the step waits only for a copy of the state in host memory
+    # writes on a thread: the step waits only for a copy of the state in host memory
+    writer = CheckpointWriter(out if info.is_main else None)
 
     def save(name: str, keep_last: int = 0) -> float:
         """Returns the seconds it took, which the throughput leaves out (as it does evaluation)."""
         t = time.time()
         watchdog.beat(CHECKPOINT)
+        window = loss_window.state()  # every rank's part
         if info.is_main:  # [DDP 4] only global rank 0 writes (not every node's local rank 0), atomically
             state = dict(model=model_without_ddp.state_dict(), optimizer=optimizer.state_dict(),
                          scheduler=scheduler.state_dict(), scaler=scaler.state_dict(), epoch=epoch, step=step,
-                         batch_in_epoch=batch_in_epoch, best_metric=best, args=vars(args), world_size=info.world_size,
-                         wandb_id=wandb_id, arch=args.arch, num_classes=num_classes)  # fmt: skip
+                         batch_in_epoch=batch_in_epoch, best_metric=best, eval_step=eval_step, args=vars(args),
+                         world_size=info.world_size, wandb_id=wandb_id, arch=args.arch, num_classes=num_classes,
+                         loss_window=window)  # fmt: skip
             writer.save({**state, **({"model_ema": ema.state_dict()} if ema else {})}, out / name, keep_last)
         return time.time() - t
 
@@ -446,12 +451,17 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
     watchdog = Watchdog(args.stall_timeout, info.rank)  # a stall becomes stacks and an exit
 
     # ---- training loop
-    stopped, n_skipped = False, 0
-    loss_sum, loss_n, t0, step0 = torch.zeros((), device=device), 0, time.time(), step
-    while epoch < args.epochs and step < max_steps and not stopped:
+    def due() -> bool:  # an evaluation at this position, not yet recorded
+        return eval_due(args.eval_every, args.epochs, epoch, batch_in_epoch, step, max_steps, eval_step)
+
+    stopped, n_skipped, pending, loss_window = False, 0, due(), LossWindow(info, step, ckpt.get("loss_window"))
+    if ckpt_path is not None and (step < max_steps or pending):
+        logger.rewind(step, eval_step)
+    while not stopped and (step < max_steps or pending):
         train_model.train()
         micro = 0
-        for i, x, y in watchdog.batches(train_batches(epoch, batch_in_epoch)):
+        # an evaluation that the last process did not record comes before any further step
+        for i, x, y in () if pending else watchdog.batches(train_batches(epoch, batch_in_epoch)):
             micro += 1
             sync = micro % args.accum_steps == 0
             if mix is not None:  # seeded per micro-batch: identical after a resume
@@ -466,7 +476,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
                         train_model(x.contiguous(memory_format=torch.channels_last) if channels_last else x), y
                     )
                 scaler.scale(loss / args.accum_steps).backward()
-            loss_sum += loss.detach()
+            loss_window.sum += loss.detach()
             if not sync:
                 continue
             micro = 0
@@ -478,33 +488,28 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
                 ema.update_parameters(model_without_ddp)
             step += 1
             batch_in_epoch += args.accum_steps
-            loss_n += args.accum_steps
+            loss_window.n += args.accum_steps
             if step % args.print_freq == 0 or step == max_steps:
-                stats = torch.stack([loss_sum, torch.full_like(loss_sum, bad_train)])
+                stats = torch.stack([loss_window.sum, torch.full_like(loss_window.sum, bad_train)])
                 loss_tot, n_skipped = all_reduce_sum(stats).tolist()  # the one host sync
-                loss_avg, n_skipped = loss_tot / (loss_n * info.world_size), int(n_skipped)
-                dt = time.time() - t0
-                ips = (step - step0) * global_batch / dt
+                loss_avg, n_skipped = loss_tot / (loss_window.n * info.world_size), int(n_skipped)
+                ips = (step - loss_window.step0) * global_batch / (time.time() - loss_window.t0)
                 rec = {"split": "train", "epoch": epoch, "step": step, "loss": loss_avg}
                 rec.update(lr=scheduler.get_last_lr()[0], img_per_s=ips)
                 logger.log({**rec, **({"skipped_images": n_skipped} if args.skip_bad_images else {})})
                 progress.update(
                     step, f"epoch {epoch} loss {loss_avg:.4f} lr {scheduler.get_last_lr()[0]:.4g} {ips:.0f} img/s"
                 )
-                loss_sum.zero_()
-                loss_n, t0, step0 = 0, time.time(), step
+                loss_window.reset(step)
             if args.save_every_steps and step % args.save_every_steps == 0:
-                t0 += save("last.pt", args.keep_last)
+                loss_window.t0 += save("last.pt", args.keep_last)
             stopped = stop.should_stop()
             if step >= max_steps or stopped:
                 break
         epoch_done = batch_in_epoch >= steps_per_epoch * args.accum_steps
         if epoch_done:
             epoch, batch_in_epoch = epoch + 1, 0
-        if args.eval_every > 0 and (
-            (epoch_done and (epoch % args.eval_every == 0 or epoch == args.epochs))
-            or (step >= max_steps and not stopped)
-        ):
+        if not stopped and due():  # a preempted run saves at once: its rerun evaluates
             broadcast_buffers(model_without_ddp)  # every rank evaluates rank 0's BN statistics, as saved
             m = evaluate_classifier(eval_model, watchdog.batches(val_batches(), evaluating=True), device, dtype)
             if ema is not None:
@@ -515,8 +520,9 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
             if m["acc1"] > best:
                 best = m["acc1"]
                 save("best.pt")
-            t0, step0 = time.time(), step  # keep eval time out of the throughput
-        t0 += save("last.pt")  # keep checkpoint time out of the throughput too
+            eval_step, loss_window.t0, loss_window.step0 = step, time.time(), step  # eval time is not throughput
+        pending = False
+        loss_window.t0 += save("last.pt")  # keep checkpoint time out of the throughput too
     stop.close()
     watchdog.stop()
     progress.close()

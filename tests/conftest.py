@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import pickle
 import re
@@ -163,9 +164,9 @@ def wait_for_step(out, step, proc, timeout=120):
     raise AssertionError("no checkpoint in time")
 
 
-def popen(cmd):
+def popen(cmd, **kw):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
 def preempt(cmd, out, at, target="worker", sig=signal.SIGTERM) -> tuple[int, str]:
@@ -202,6 +203,14 @@ def assert_same_training_state(ref: dict, got: dict) -> None:
     for i, state in ref["optimizer"]["state"].items():
         for k, v in state.items():
             assert torch.equal(torch.as_tensor(v), torch.as_tensor(got["optimizer"]["state"][i][k])), (i, k)
+
+
+def run_records(out) -> list[dict]:
+    """metrics.jsonl less what depends on the clock (time, throughput, the time record): what a resumed run must log
+    exactly as the uninterrupted run did, each step once."""
+    clock = ("time", "img_per_s", "tok_per_s")
+    recs = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in clock} for r in recs if r["split"] != "time"]
 
 
 def make_jpeg_imagefolder(root: Path, split_sizes: dict[str, int], classes: int = 3, size: int = 32, seed: int = 0):
@@ -273,6 +282,19 @@ def cifar_resume_cmd(data, out, *extra, gpu_data: bool = True) -> list[str]:
 
 def cifar_data(tmp_path_factory) -> Path:
     return shared(tmp_path_factory, "cifar_data", lambda d: make_jpeg_imagefolder(d, {"train": 40, "test": 7}, 10))
+
+
+def cifar_loader_cmd(data, out, *extra) -> list[str]:
+    """cifar_resume_cmd on the DataLoader path (a worker per rank), logged every 3 steps: checkpoints (every 2) fall
+    inside an open loss window."""
+    return cifar_resume_cmd(data, out, "-p", "3", *extra, gpu_data=False)
+
+
+def cifar_loader_reference(tmp_path_factory) -> Path:
+    """The output dir of the uninterrupted torchrun run of cifar_loader_cmd, which test_cifar.py's resume test and
+    test_chaos.py compare with."""
+    data = cifar_data(tmp_path_factory)
+    return shared(tmp_path_factory, "cifar_loader_reference", lambda d: torchrun(2, *cifar_loader_cmd(data, d)))
 
 
 def transformer_ddp_cmd(data, out, *extra) -> list[str]:

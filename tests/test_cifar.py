@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from signal import SIGTERM, SIGUSR2
@@ -13,12 +14,14 @@ from tests.conftest import (
     PY,
     assert_same_training_state,
     cifar_data,
+    cifar_loader_reference,
     cifar_resume_cmd,
     make_cifar_pickles,
     make_jpeg_imagefolder,
     preempt,
     restart_after_sigkill,
     run,
+    run_records,
     torchrun,
 )
 
@@ -84,16 +87,43 @@ def test_resume_from_a_checkpoint_saved_at_an_epoch_end(tmp_path, tmp_path_facto
     steps 6-10 as the uninterrupted run did, with no step more."""
     data = cifar_data(tmp_path_factory)  # 40 images, 1 process, batch 8: 5 steps per epoch
     a, b = tmp_path / "a", tmp_path / "b"
-    args = ["--epochs", "2", "-b", "8", "-j", "0", "--save-every-steps", "5"]
+    args = ["--epochs", "2", "-b", "8", "-j", "0", "--save-every-steps", "5", "-p", "3"]
     in_process(monkeypatch, *cifar_resume_cmd(data, a, *args, "--keep-last", "20")[1:])
     kept = torch.load(a / "step_00000005.pt", weights_only=True)
     assert (kept["epoch"], kept["batch_in_epoch"], kept["step"]) == (0, 5, 5)
     in_process(monkeypatch, *cifar_resume_cmd(data, b, *args, "--resume", a / "step_00000005.pt")[1:])
-    assert [(r["step"], r["epoch"]) for r in records(b) if r["split"] == "train"] == [(s, 1) for s in range(6, 11)]
-    assert all(r["loss"] == r["loss"] for r in records(b) if r["split"] == "train")  # no NaN from an empty batch
+    # Logged every 3 steps and at the end: the checkpoint holds steps 4-5's loss, so step 6 logs what it logged in a.
+    train = lambda out: [(r["step"], r["epoch"], r["loss"]) for r in records(out) if r["split"] == "train"]  # noqa: E731
+    assert [s for s, _, _ in train(b)] == [6, 9, 10] and train(b) == train(a)[1:]
+    assert all(loss == loss for _, _, loss in train(b))  # no NaN from an empty batch
     ref, got = (torch.load(x / "last.pt", weights_only=True) for x in (a, b))
     assert_same_training_state(ref, got)
     assert all(torch.equal(v, got["ema"][k]) for k, v in ref["ema"].items())
+
+
+def test_final_evaluation_happens_once(tmp_path, tmp_path_factory, monkeypatch):
+    """A run killed between its last step's checkpoint and the end of the final evaluation (last.pt at step 10, saved
+    by --save-every-steps before the evaluation; no best.pt yet; a write cut short) evaluates on rerun, once: the
+    records equal the uninterrupted run's, the evaluation's and the time record once each, and the temporary file is
+    gone. A rerun of the finished run changes no file. In this process: 2 epochs of 5 steps."""
+    data, a = cifar_data(tmp_path_factory), tmp_path / "a"
+    args = ["--epochs", "2", "-b", "8", "-j", "0", "--keep-last", "9", "--save-every-steps", "5", "--eval-every", "2"]
+    run = lambda: in_process(monkeypatch, *cifar_resume_cmd(data, a, *args)[1:])  # noqa: E731
+    strip = lambda recs: [{k: v for k, v in r.items() if k != "time"} for r in recs if r["split"] != "time"]  # noqa: E731
+    run()
+    ref = records(a)
+    assert [(r["split"], r.get("step")) for r in ref if r["split"] != "train"] == [("test", 10), ("time", None)]
+    (a / "last.pt").write_bytes((a / "step_00000010.pt").read_bytes())
+    (a / "best.pt").unlink()
+    (a / ".last.pt.x1y2.tmp").write_bytes(b"cut short")
+    run()
+    got = records(a)
+    assert strip(got) == strip(ref) and [r["split"] for r in got].count("time") == 1
+    assert (a / "best.pt").exists() and not list(a.glob("*.tmp"))
+    assert torch.load(a / "last.pt", weights_only=True)["eval_step"] == 10
+    files = {f.name: f.read_bytes() for f in a.iterdir()}
+    run()
+    assert {f.name: f.read_bytes() for f in a.iterdir()} == files
 
 
 @pytest.mark.parametrize("data_path", ["loader", "gpu-data"])
@@ -107,8 +137,12 @@ def test_resume_mid_epoch_is_bit_identical(tmp_path, tmp_path_factory, data_path
     gpu = data_path == "gpu-data"
     # Uninterrupted; on the DataLoader path with a worker per rank, while the interrupted legs load in the main process
     # (-j 0): a resume must be exact with another worker count too.
-    torchrun(2, *cifar_resume_cmd(data, tmp_path / "a", gpu_data=gpu))
-    cmd = lambda o, *extra: cifar_resume_cmd(data, o, *([] if gpu else ["-j", "0"]), *extra, gpu_data=gpu)  # noqa: E731
+    # Logged every 3 steps: the loss of the steps before a checkpoint that no line has logged yet travels in last.pt.
+    if gpu:
+        torchrun(2, *cifar_resume_cmd(data, tmp_path / "a", "-p", "3", gpu_data=gpu))
+    else:  # shared with test_chaos.py
+        shutil.copytree(cifar_loader_reference(tmp_path_factory), tmp_path / "a")
+    cmd = lambda o, *extra: cifar_resume_cmd(data, o, *([] if gpu else ["-j", "0"]), "-p", "3", *extra, gpu_data=gpu)  # noqa: E731
     out = tmp_path / "b"
     torchrun(2, *cmd(out, "--max-steps", "3"))
     mid = torch.load(out / "last.pt", weights_only=True)
@@ -131,9 +165,10 @@ def test_resume_mid_epoch_is_bit_identical(tmp_path, tmp_path_factory, data_path
     for k, v in a["optimizer"]["state"].items():
         assert torch.equal(v["momentum_buffer"], b["optimizer"]["state"][k]["momentum_buffer"])
     assert not torch.equal(mid["model"]["fc.weight"], a["model"]["fc.weight"])  # not vacuous: it trained on
-    # every step's loss; a step done again after the restart logs again (the same loss: the last one is kept)
-    losses_a, losses_b = ({r["step"]: r["loss"] for r in records(tmp_path / x) if r["split"] == "train"} for x in "ab")
-    assert list(losses_a) == list(range(1, 61)) and losses_a == losses_b
+    # every record once, with the same values (b also evaluated at its --max-steps 3)
+    rec_a, rec_b = run_records(tmp_path / "a"), run_records(tmp_path / "b")
+    assert [r["step"] for r in rec_a if r["split"] == "train"] == [*range(3, 61, 3)]
+    assert rec_a == [r for r in rec_b if (r["split"], r["step"]) != ("test", 3)]
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,11 @@
 """Fault tolerance with real processes: preemption by SIGTERM and elastic restart after SIGKILL (the CIFAR script's,
 also by SIGUSR2 and through torchrun, in test_cifar.py's resume test), dead or stuck peers never hang the survivors."""
 
+import json
 import os
+import re
 import signal
+import socket
 import time
 
 import pytest
@@ -13,11 +16,15 @@ from tests.conftest import (
     assert_same_training_state,
     cifar_data,
     cifar_resume_cmd,
+    descendants_with_rank,
     free_port,
     popen,
     preempt,
     restart_after_sigkill,
+    run,
+    run_records,
     torchrun,
+    torchrun_cmd,
     transformer_corpus,
     transformer_ddp_cmd,
     transformer_reference,
@@ -100,7 +107,7 @@ def other_reference(tmp_path_factory):
             else:
                 out = tmp_path_factory.mktemp(f"ref_{name}") / "ref"
                 torchrun(2, *other_script_cmd(name, tmp_path_factory, out))
-            refs[name] = torch.load(out / "last.pt", weights_only=True)
+            refs[name] = {**torch.load(out / "last.pt", weights_only=True), "records": run_records(out)}
         return refs[name]
 
     return get
@@ -111,8 +118,8 @@ def test_preemption_and_elastic_restart_other_scripts(name, other_reference, tmp
     """imagenet/ and transformer/: SIGTERM to one worker after the first checkpoint: every rank stops at the same
     step, rank 0 saves, exit 75. The same command continues under torchrun --max-restarts=1; SIGKILL a worker after
     its next checkpoint: the group restarts from last.pt and finishes, past an epoch end, bit-identical to an
-    uninterrupted run (dropout included): weights, optimizer state, epoch and step. This is also the transformer's
-    resume test (its uninterrupted run loads in a DataLoader worker, these in the main process)."""
+    uninterrupted run (dropout included): weights, optimizer state, epoch and step, and metrics.jsonl. This is also
+    the transformer's resume test (its uninterrupted run loads in a DataLoader worker, these in the main process)."""
     ref = other_reference(name)
     out = tmp_path / "run"
     cmd = other_script_cmd(name, tmp_path_factory, out)
@@ -121,3 +128,81 @@ def test_preemption_and_elastic_restart_other_scripts(name, other_reference, tmp
     resumed = restart_after_sigkill(cmd, out, at=stopped + 1)
     assert len(resumed) == 2 and resumed[0] == stopped < resumed[1] <= ref["step"], resumed  # see the cifar test
     assert_same_training_state(ref, torch.load(out / "last.pt", weights_only=True))
+    assert run_records(out) == ref["records"]  # each step and evaluation once, the same values
+
+
+# ------------------------------------------------------------------ preemption with DataLoader workers
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "process-group"])
+def test_preemption_with_dataloader_workers(data, tmp_path, launcher):
+    """SIGTERM reaches a rank's DataLoader worker and its fork server too: torchrun's agent forwards it to each
+    rank's whole process group (os.killpg), as Slurm signals every process of a step, and timeout(1) or a shell
+    signals a whole process group (here: one process, -j 1, in a session of its own). The workers ignore it, so
+    the ranks stop at a step boundary, save, and exit 75; torchrun itself exits 1 (its SignalException). The rerun
+    continues from the step they stopped at."""
+    out = tmp_path / "run"
+    cmd = train_cmd(data, out, gpu_data=False)  # -j 1
+    if launcher == "torchrun":
+        stopped, log = preempt(cmd, out, at=2, target="launcher")
+        assert "SignalException" in log  # torchrun's own exit, code 1 (see preempt)
+    else:
+        proc = popen([PY, *cmd], start_new_session=True)
+        wait_for_step(out, 2, proc)
+        os.killpg(proc.pid, signal.SIGTERM)
+        log, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 75, log[-3000:]
+        stopped = torch.load(out / "last.pt", weights_only=True)["step"]
+    assert f"stopped by SIGTERM at step {stopped}; checkpoint saved" in log, log[-3000:]
+    assert "exited unexpectedly" not in log and "[rank" not in log.replace("[rank0]:[W", ""), log[-3000:]
+    if launcher == "process-group":  # a rerun continues (after torchrun too: test_cifar.py's resume test)
+        rerun = run([PY, *cmd, "--max-steps", str(stopped + 1)]).stdout
+        assert re.search(rf"resumed from .*: epoch \d+, step {stopped},", rerun), rerun[-3000:]
+
+
+# ------------------------------------------------------------------ one job per output dir, ranks never outlive it
+
+
+def test_ranks_exit_with_their_killed_agent(data, tmp_path):
+    """torchrun starts its ranks in sessions of their own: SIGKILL of the agent reaches none of them. Each rank sees
+    its launcher gone and exits within a second or two with one line, its DataLoader worker with it (the pipe of the
+    job's output closes); the same command then takes the output directory and continues from last.pt."""
+    out = tmp_path / "run"
+    cmd = train_cmd(data, out, gpu_data=False)  # -j 1
+    proc = popen(torchrun_cmd(2, *cmd))
+    wait_for_step(out, 2, proc)
+    os.kill(proc.pid, signal.SIGKILL)
+    t0 = time.time()
+    log, _ = proc.communicate(timeout=60)  # returns once every process holding its output is gone
+    assert time.time() - t0 < 5, log[-3000:]
+    for rank in (0, 1):
+        assert f"error: rank {rank}: its launcher (torchrun, pid {proc.pid}) is gone, so it exits too" in log, log[
+            -3000:
+        ]
+    assert "Traceback" not in log and "done:" not in log, log[-3000:]
+    stopped = torch.load(out / "last.pt", weights_only=True)["step"]
+    rerun = torchrun(2, *cmd, "--max-steps", stopped + 1).stdout
+    assert re.search(rf"resumed from .*: epoch \d+, step {stopped},", rerun), rerun[-3000:]
+
+
+def test_a_second_job_on_a_busy_output_dir_is_refused(data, tmp_path):
+    """Two jobs on one --output-dir: the second stops on every rank with one line naming the first one's host and
+    rank 0's pid (the holder of <dir>/.lock), before it writes anything; the first goes on unharmed (here until
+    SIGTERM: it saves and stops as usual, every step logged once)."""
+    out = tmp_path / "run"
+    first = popen(torchrun_cmd(2, *train_cmd(data, out, "--epochs", 1000)))
+    try:
+        wait_for_step(out, 2, first)
+        (rank0,) = descendants_with_rank(first.pid, 0)
+        second = run(torchrun_cmd(2, *train_cmd(data, out)), check=False)
+        assert first.poll() is None
+    finally:
+        first.send_signal(signal.SIGTERM)
+        log, _ = first.communicate(timeout=120)
+    line = f"error: output dir {out} is in use by another job: host {socket.gethostname()}, pid {rank0} ("
+    assert second.returncode != 0 and second.stderr.count(line) == 2, second.stderr[-3000:]
+    assert "[rank" not in second.stdout + second.stderr, second.stderr[-3000:]  # no traceback from a rank
+    stopped = torch.load(out / "last.pt", weights_only=True)["step"]
+    assert f"stopped by SIGTERM at step {stopped}; checkpoint saved" in log, log[-3000:]
+    train = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["split"] == "train"]
+    assert [r["step"] for r in train] == list(range(1, stopped + 1))

@@ -80,25 +80,28 @@ def train_steps(out: Path) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    "script, sbatch_args, launcher",
+    "script, sbatch_args, launcher, signal",
     [
-        ("scripts/slurm/sbatch_srun.sh", ["--nodes=1", "--ntasks-per-node=2"], "slurm"),
-        ("scripts/slurm/sbatch_torchrun.sh", ["--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=2"], "torchrun"),
+        ("scripts/slurm/sbatch_srun.sh", ["--nodes=1", "--ntasks-per-node=2"], "slurm", ["--batch", "--signal=USR2"]),
+        ("scripts/slurm/sbatch_torchrun.sh", ["--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=2"], "torchrun",
+         ["--signal=TERM"]),
     ],
     ids=["srun-per-process", "srun-torchrun"],
-)
-def test_sbatch_preempted_requeues_and_resumes(slurm_env, tmp_path, cifar_dir, script, sbatch_args, launcher):
-    """SIGUSR2 to the batch script (what --signal=B:USR2@180 sends before the time limit): the tasks save
-    and stop, the job requeues itself, and the second start continues from the checkpoint to the end."""
+)  # fmt: skip
+def test_sbatch_preempted_requeues_and_resumes(slurm_env, tmp_path, cifar_dir, script, sbatch_args, launcher, signal):
+    """Preempted with a DataLoader worker per task: SIGUSR2 to the batch script (what --signal=B:USR2@180 sends before
+    the time limit), which signals every process of the step, workers included; or SIGTERM to every process of the
+    step (torchrun, its ranks and their workers), after which torchrun exits 1 and the ranks 75: either way the tasks
+    save and stop, the job requeues itself, and the second start continues from the checkpoint to the end."""
     env = {**slurm_env, "NPROC_PER_NODE": "2"}
     log, out = tmp_path / "job.log", tmp_path / "run"
     # ResNet-18: its steps last long enough for the signal to travel from scancel to the tasks before step 12
-    job_id = sbatch(env, log, *sbatch_args, script, *train(out, cifar_dir, 12, arch="resnet18"))
+    job_id = sbatch(env, log, *sbatch_args, script, *train(out, cifar_dir, 12, "-j", "1", arch="resnet18"))
     t0 = time.time()
     while not (out / "metrics.jsonl").exists() or len(train_steps(out)) < 2:
         assert time.time() - t0 < 120 and job(env, job_id)["JobState"] in ("PENDING", "RUNNING"), log.read_text()
         time.sleep(0.2)
-    run(["scancel", "--batch", "--signal=USR2", job_id], env=env)
+    run(["scancel", *signal, job_id], env=env)
     wait_for(env, job_id, lambda i: (i["JobState"], i["Restarts"], i["Reason"]) == ("PENDING", "1", "BeginTime"), 120)
     stopped_at = train_steps(out)[-1]
     assert 2 <= stopped_at < 12
@@ -107,7 +110,10 @@ def test_sbatch_preempted_requeues_and_resumes(slurm_env, tmp_path, cifar_dir, s
     time.sleep(2)
     run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env)
     text = finished(env, job_id, log)
-    assert "SIGUSR2: asking the tasks" in text and f"requeueing job {job_id}" in text
+    assert f"stopped by SIGTERM at step {stopped_at}; checkpoint saved" in text and f"requeueing job {job_id}" in text
+    assert ("SIGUSR2: asking the tasks" in text) == (launcher == "slurm")
+    if launcher == "torchrun":
+        assert "step exited with code 1" in text and "the tasks saved a checkpoint and stopped on a signal" in text
     assert f"job {job_id} (restart 1)" in text and f"resumed from {out / 'last.pt'}: epoch 0, step {stopped_at}" in text
     assert train_steps(out) == list(range(1, 13)), "the requeued run must continue, not start over"
     check_run(out, 2, launcher, steps=12)

@@ -29,7 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # find common/ when run as a script
-from common.checkpoint import CheckpointWriter, load_checkpoint, load_model_state, resolve_resume
+from common.checkpoint import CheckpointWriter, eval_due, load_checkpoint, load_model_state, resolve_resume
 from common.data import ExactEvalSampler, init_worker, worker_context
 from common.distributed import (
     add_dist_args,
@@ -43,7 +43,7 @@ from common.distributed import (
     setup_distributed,
 )
 from common.errors import UserError, run_cli
-from common.metrics import MetricsLogger, Progress, prepare_output_dir
+from common.metrics import LossWindow, MetricsLogger, Progress, prepare_output_dir
 from common.utils import StopSignal, amp_dtype, autocast, count_params, param_groups
 from common.watchdog import CHECKPOINT, EVAL_STEP, Watchdog
 from transformer.data import (
@@ -324,7 +324,7 @@ def main(args: argparse.Namespace) -> None:
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
 
     # ---- resume (same command restarted by torchrun/Slurm continues where it stopped)
-    epoch, step, batch_in_epoch, best, wandb_id = 0, 0, 0, 0.0, None
+    epoch, step, batch_in_epoch, best, wandb_id, eval_step, window = 0, 0, 0, 0.0, None, 0, None
     if ckpt is not None:
         load_model_state(model_without_ddp, ckpt["model"], ckpt_path)
         try:
@@ -334,7 +334,7 @@ def main(args: argparse.Namespace) -> None:
         except (KeyError, ValueError) as e:
             raise UserError(f"checkpoint {ckpt_path} has no usable optimizer state ({e})") from None
         epoch, step, batch_in_epoch, best = ckpt["epoch"], ckpt["step"], ckpt["batch_in_epoch"], ckpt["best_metric"]
-        wandb_id = ckpt.get("wandb_id")
+        wandb_id, eval_step, window = ckpt.get("wandb_id"), ckpt.get("eval_step", step), ckpt.get("loss_window")
         print0(f"resumed from {ckpt_path}: epoch {epoch}, step {step}, batch {batch_in_epoch} of the epoch")
         old_ws, old_accum = ckpt.get("world_size"), ckpt["args"].get("accum_steps")
         if (old_ws, old_accum) != (info.world_size, args.accum_steps):
@@ -345,15 +345,17 @@ def main(args: argparse.Namespace) -> None:
                 f"{info.world_size} x {args.accum_steps}; continuing at the next epoch boundary "
                 "(the data order differs from an uninterrupted run)"
             )
-            epoch, batch_in_epoch = epoch + (batch_in_epoch > 0), 0
+            epoch, batch_in_epoch, window = epoch + (batch_in_epoch > 0), 0, None
         del ckpt
 
-    writer = CheckpointWriter()  # writes on a thread: the step waits only for a copy of the state in host memory
+    # writes on a thread: the step waits only for a copy of the state in host memory
+    writer = CheckpointWriter(out if info.is_main else None)
 
     def save(name: str, keep_last: int = 0) -> float:
         """Returns the seconds it took, which the throughput leaves out (as it does evaluation)."""
         t = time.time()
         watchdog.beat(CHECKPOINT)
+        window = loss_window.state()  # every rank's part
         if info.is_main:  # [DDP 4] only rank 0 writes, atomically
             writer.save(
                 {
@@ -365,6 +367,8 @@ def main(args: argparse.Namespace) -> None:
                     "step": step,
                     "batch_in_epoch": batch_in_epoch,
                     "best_metric": best,
+                    "eval_step": eval_step,
+                    "loss_window": window,
                     "args": vars(args),
                     "world_size": info.world_size,
                     "wandb_id": wandb_id,
@@ -429,17 +433,22 @@ def main(args: argparse.Namespace) -> None:
         return
 
     # ---- training loop
-    stopped = False
-    loss_sum, tok_done, t0 = torch.zeros((), device=device), 0, time.time()
+    def due() -> bool:  # an evaluation at this position, not yet recorded
+        return eval_due(args.eval_every, args.epochs, epoch, batch_in_epoch, step, max_steps, eval_step)
+
+    stopped, pending, loss_window = False, due(), LossWindow(info, step, window)
+    if ckpt_path is not None and (step < max_steps or pending):
+        logger.rewind(step, eval_step)
     # One DataLoader iterator for the whole run: the sampler deals epoch after epoch, so the workers never restart
     # at an epoch boundary (on 4 GPUs the restart and the epoch plan cost each rank about 0.1 s:
     # docs/runs/tr_base_m8_trace_eager_restart_4xh100.txt).
     sampler.set_epoch(epoch, skip=batch_in_epoch, until=args.epochs)
     batches = watchdog.batches(train_loader)
-    while epoch < args.epochs and step < max_steps and not stopped:
+    while not stopped and (step < max_steps or pending):
         model.train()
         step_tokens = sampler.step_tokens(epoch)  # target tokens of each optimizer step, all ranks together
-        for i in range(batch_in_epoch, sampler.steps_in(epoch) * args.accum_steps):
+        # an evaluation that the last process did not record comes before any further step
+        for i in () if pending else range(batch_in_epoch, sampler.steps_in(epoch) * args.accum_steps):
             src, tgt_in, tgt_out, src_doc, tgt_doc = (t.to(device, non_blocking=True) for t in next(batches))
             if i % args.accum_steps == 0:  # dropout masks depend on (seed, rank, step) only: resumable
                 torch.manual_seed(mix_seed(args.seed, info.rank, step))
@@ -450,7 +459,7 @@ def main(args: argparse.Namespace) -> None:
                 # DDP averages gradients over ranks; x world_size / tokens makes the step's gradient the mean
                 # over every target token of the step, however unevenly the tokens fall on ranks and micro-batches.
                 scaler.scale(loss * (info.world_size / max(1, step_tokens[i // args.accum_steps]))).backward()
-            loss_sum += loss.detach()
+            loss_window.sum += loss.detach()
             if not sync:
                 continue
             scaler.unscale_(optimizer)
@@ -462,43 +471,41 @@ def main(args: argparse.Namespace) -> None:
             scheduler.step()
             step += 1
             batch_in_epoch = i + 1
-            tok_done += step_tokens[i // args.accum_steps]
+            loss_window.n += step_tokens[i // args.accum_steps]
             if step % args.print_freq == 0 or step == max_steps:
-                loss_avg = all_reduce_sum(loss_sum.clone()).item() / tok_done  # per target token; the one host sync
-                tps = tok_done / (time.time() - t0)
+                # per target token; the one host sync
+                loss_avg = all_reduce_sum(loss_window.sum.clone()).item() / loss_window.n
+                tps = loss_window.n / (time.time() - loss_window.t0)
                 lr = scheduler.get_last_lr()[0]
                 logger.log(
                     {"split": "train", "epoch": epoch, "step": step, "loss": loss_avg, "lr": lr, "tok_per_s": tps}
                 )
                 progress.update(step, f"epoch {epoch} loss {loss_avg:.4f} lr {lr:.4g} {tps:.0f} tok/s")
-                loss_sum.zero_()
-                tok_done, t0 = 0, time.time()
+                loss_window.reset(step)
             if args.save_every_steps and step % args.save_every_steps == 0:
-                t0 += save("last.pt", args.keep_last)
+                loss_window.t0 += save("last.pt", args.keep_last)
             stopped = stop.should_stop()
             if step >= max_steps or stopped:
                 break
         epoch_done = batch_in_epoch >= sampler.steps_in(epoch) * args.accum_steps
         if epoch_done:
             epoch, batch_in_epoch = epoch + 1, 0
-        if args.eval_every > 0 and (
-            (epoch_done and (epoch % args.eval_every == 0 or epoch == args.epochs))
-            or (step >= max_steps and not stopped)
-        ):
+        if not stopped and due():  # a preempted run saves at once: its rerun evaluates
             m = run_eval("val")
             if m["bleu"] >= best:  # >=: a first evaluation at BLEU 0 still leaves a best.pt
                 best = m["bleu"]
                 save("best.pt")
-            loss_sum.zero_()  # keep eval time out of the throughput
-            tok_done, t0 = 0, time.time()
-        t0 += save("last.pt")  # a small corpus checkpoints often; keep that out of the tokens/s too
+            if step >= max_steps and "test" in eval_sets:  # recorded with the final evaluation: done once
+                run_eval("test")
+            eval_step = step
+            loss_window.reset(step)  # keep eval time out of the throughput
+        pending = False
+        loss_window.t0 += save("last.pt")  # a small corpus checkpoints often; keep that out of the tokens/s too
     stop.close()
     progress.close()
     writer.wait()  # the last checkpoint is on disk before the run says so
     if stopped:
         stop.exit_preempted(step, logger)
-    if "test" in eval_sets and args.eval_every > 0:
-        run_eval("test")
     watchdog.stop()
     print0(f"done: step {step}, best val BLEU {best:.2f}, wall {time.time() - T_START:.1f}s since start")
     logger.close()

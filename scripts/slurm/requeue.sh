@@ -8,8 +8,12 @@
 # (SIGTERM rather than SIGUSR2 because every torchrun forwards SIGTERM to its workers, while only
 # torch >= 2.9 can forward SIGUSR2. slurmstepd logs "*** STEP N.0 ON host CANCELLED ***" for it:
 # that is only the signal, the tasks keep running until they have saved.)
-# A step that exits 75 on its own (someone signalled the tasks) is requeued the same way. The
-# requeued job runs the same script again and `--resume auto` continues from last.pt.
+# A step whose tasks stopped on their own after saving (someone signalled them) is requeued the
+# same way. What arrives from such a step: srun's exit code is its tasks' (75) when they are the
+# train scripts, but torchrun's (1) under sbatch_torchrun.sh, as torchrun exits 1 when it got the
+# signal too, whatever its workers did; so each rank that saved and stopped also creates the file
+# $PREEMPTED_MARKER, which this script exports, on the batch script's node. The requeued job runs
+# the same script again and `--resume auto` continues from last.pt.
 # Needs `#SBATCH --requeue` (and `--open-mode=append` to keep one log). Slurm holds a requeued
 # job for about two minutes before it can start again (Reason=BeginTime).
 # Environment: MAX_REQUEUES (default 20) stops a job that keeps getting requeued.
@@ -26,6 +30,8 @@ _on_usr2() {
 run_requeueable() {
   REQUEUE=0
   echo "[$(date '+%F %T')] job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST:-?}: $*" >&2
+  export PREEMPTED_MARKER="${TMPDIR:-/tmp}/preempted-$SLURM_JOB_ID"
+  rm -f "$PREEMPTED_MARKER"
   trap _on_usr2 USR2
   "$@" &
   local pid=$! rc=0
@@ -35,6 +41,11 @@ run_requeueable() {
   wait "$pid" || rc=$?
   trap - USR2
   echo "[$(date '+%F %T')] step exited with code $rc" >&2
+  if [ -e "$PREEMPTED_MARKER" ]; then
+    rm -f "$PREEMPTED_MARKER"
+    echo "[$(date '+%F %T')] the tasks saved a checkpoint and stopped on a signal" >&2
+    REQUEUE=1
+  fi
   if [ "$REQUEUE" = 1 ] || [ "$rc" = "$PREEMPTED_EXIT_CODE" ]; then
     if [ "${SLURM_RESTART_COUNT:-0}" -ge "${MAX_REQUEUES:-20}" ]; then
       echo "not requeueing: already restarted ${SLURM_RESTART_COUNT} times (MAX_REQUEUES)" >&2
