@@ -133,7 +133,7 @@ CASES = [
     ("cifar", ["--data-dir", "{cifar_text}", "-j", "0"], [], {}, "cannot read CIFAR-10 batch"),
     ("cifar", ["--data-dir", "{cifar_list}", "-j", "0"], [], {}, "data_batch_1 is not a CIFAR-10 batch"),
     ("cifar", ["--data-dir", "{cifar_label11}", "-j", "0"], [], {}, "data_batch_1 is not a CIFAR-10 batch"),
-    ("cifar", ["--data-dir", "{cifar5}", "-j", "0", "-b", "8"], [], {}, "global batch 8 is larger than the 5 training"),
+    ("cifar", ["--data-dir", "{cifar10}", "-j", "0", "-b", "16"], [], {}, "global batch 16 is larger than the 10 "),
     # ---- imagenet
     ("imagenet", INET, ["--train-crop-size", "-5"], {}, "--train-crop-size -5 must be at least 1"),
     ("imagenet", INET, ["--train-crop-size", "0"], {}, "--train-crop-size 0 must be at least 1"),
@@ -273,7 +273,7 @@ def paths(tmp_path_factory) -> dict[str, Path]:
         p[name] = root / f"file.{name}"
         p[name].write_text(text)
     p["cifar11"] = make_jpeg_imagefolder(root / "cifar11", {"train": 11, "test": 11}, classes=11)
-    p["cifar5"] = make_cifar_pickles(root / "cifar5", n_train=5, n_test=5)
+    p["cifar10"] = make_cifar_pickles(root / "cifar10", n_train=10, n_test=5)
     p["cifar_corrupt"] = make_jpeg_imagefolder(root / "cifar_corrupt", {"train": 10, "test": 10}, classes=10)
     (p["cifar_corrupt"] / "train" / "class3" / "00003.jpg").write_bytes(b"not a jpeg")
     label11 = {"data": np.zeros((2, 3072), np.uint8), "labels": [0, 11]}
@@ -339,9 +339,11 @@ SCRIPT_PATH = {"cifar": "cifar_resnet/train.py", "imagenet": "imagenet/train.py"
 
 
 def one_error_line(code, err: str, want: str) -> str:
+    """Exit 2 and one error line holding ``want``; nothing else on stderr but argparse's usage lines."""
     lines = [ln for ln in err.splitlines() if ERROR_LINE.match(ln)]
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, (code, err[-3000:])
     assert want in lines[0], (want, lines[0])
+    assert lines[0].startswith("error: ") == (err.strip() == lines[0]), err[-3000:]
     return lines[0]
 
 
