@@ -123,20 +123,6 @@ def detect_launcher(
     rank: int = -1,
     local_rank: int | None = None,
 ) -> LaunchEnv:
-    """``_detect_launcher``, then ``check_launch``: a bad environment is one line before any connection."""
-    env = os.environ if env is None else env
-    launch = _detect_launcher(env, dist_url, world_size, rank, local_rank)
-    check_launch(launch, env)
-    return launch
-
-
-def _detect_launcher(
-    env: Mapping[str, str] | None = None,
-    dist_url: str | None = None,
-    world_size: int = -1,
-    rank: int = -1,
-    local_rank: int | None = None,
-) -> LaunchEnv:
     """Work out rank, world size and rendezvous from the environment.
 
     Order: torchrun-style variables (also inside Slurm/MPI, where they win),
@@ -251,6 +237,7 @@ def setup_distributed(args: argparse.Namespace, *, launch: LaunchEnv | None = No
     two ranks on GPU 0.
     """
     launch = launch or detect_launcher(None, args.dist_url, args.world_size, args.rank, args.local_rank)
+    check_launch(launch, os.environ)
     if torch.cuda.is_available() and args.dist_backend not in ("gloo", "ccl"):
         if launch.local_rank >= torch.cuda.device_count():
             raise UserError(
