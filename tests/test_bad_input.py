@@ -364,8 +364,9 @@ def test_bad_input_is_one_error_line(case, paths, tmp_path, capsys):
 
 
 def test_suspicious_data_warns_and_trains(paths, tmp_path, capsys):
-    """Warnings, once, and the run goes on: a CIFAR set of one class; a corpus with empty pairs and a 2 MB line
-    without spaces (dropped, and counted, before the tokenizer trains: BPE would take minutes over it)."""
+    """Warnings, once, and the run goes on: a CIFAR set and an ImageFolder of one class; a corpus with empty pairs
+    and a 2 MB line without spaces (dropped, and counted, before the tokenizer trains: BPE would take minutes over
+    it)."""
     one = make_cifar_pickles(tmp_path / "one", n_train=10, n_test=5)
     for f in (one / "cifar-10-batches-py").glob("*_batch*"):
         d = pickle.loads(f.read_bytes())
@@ -374,6 +375,11 @@ def test_suspicious_data_warns_and_trains(paths, tmp_path, capsys):
            "--max-steps", "1", "--eval-every", "0", "--output-dir", str(tmp_path / "o1")], {})  # fmt: skip
     err = capsys.readouterr().err
     assert err.count("warning:") == 1 and "has label 0: one class trains to a loss of 0" in err, err
+    inet = make_jpeg_imagefolder(tmp_path / "inet1", {"train": 4, "val": 2}, classes=1, size=35)
+    entry(["imagenet/train.py", str(inet), *INET[1:], "-b", "2", "--max-steps", "1", "--eval-every", "0",
+           "--output-dir", str(tmp_path / "o0")], {})  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and "holds one class: it trains to a loss of 0" in err, err
     corpus = tmp_path / "c"
     corpus.mkdir()
     from transformer.data import synthetic_corpus
@@ -388,7 +394,7 @@ def test_suspicious_data_warns_and_trains(paths, tmp_path, capsys):
     out, err = capsys.readouterr()
     assert out.count("dropped 1 training pairs over 4096 characters") == 1, out
     assert err.count("warning:") == 1 and "2 of " in err and "pairs have an empty side" in err, err
-    assert (tmp_path / "o1" / "last.pt").exists() and (tmp_path / "o2" / "last.pt").exists()
+    assert all((tmp_path / o / "last.pt").exists() for o in ("o0", "o1", "o2"))
 
 
 def test_bad_launch_in_real_processes(paths, tmp_path):

@@ -362,7 +362,9 @@ def test_text_dir_and_seeded_holdout(tmp_path):
     root = write_corpus(tmp_path / "c", {"train": splits["train"], "dev": splits["val"]})
     got = read_text_dir(root, "de", "en")
     assert got["train"] == splits["train"] and got["dev"] == splits["val"]
-    args = type("A", (), dict(synthetic=False, data=str(root), lang_src="de", lang_tgt="en", val_split=0, seed=0))
+    args = type(
+        "A", (), dict(synthetic=False, data=str(root), lang_src="de", lang_tgt="en", val_split=0, seed=0, max_len=256)
+    )
     assert load_corpus(args, None)["val"] == splits["val"]  # "dev" is the validation split
     (root / "dev.de").unlink()
     a, b = load_corpus(args, None), load_corpus(args, None)  # no val: a seeded hold-out, the same every time
