@@ -233,7 +233,7 @@ def bench_resnet50(args, device, rows):
         out = Path(args.out) / f"rn50_{len(rows)}"
         cmd = [sys.executable, "imagenet/train.py", "--dummy", "-a", "resnet50", "-b", str(b),
                "--max-steps", str(args.script_steps if not args.tiny else 3), "-p", "10" if not args.tiny else "1",
-               "--output-dir", str(out), "--resume", "none", *flags]  # fmt: skip
+               "--output-dir", str(out), "--resume", "none", "--overwrite", *flags]  # fmt: skip
         if args.tiny:
             cmd += ["--train-crop-size", "64", "--val-crop-size", "64", "--val-resize-size", "72", "-j", "0"]
             cmd += ["--dummy-sizes", "64", "16"]  # the end-of-run evaluation would otherwise see 50,000 images
@@ -276,7 +276,7 @@ def bench_cifar(args, device, rows):
         for name, flags in paths:
             out = Path(args.out) / f"cifar_{len(rows)}"
             cmd = [sys.executable, "cifar_resnet/train.py", *data, *recipe, "--epochs", "3", "-p", "20",
-                   "--output-dir", str(out), "--resume", "none", *flags]  # fmt: skip
+                   "--output-dir", str(out), "--resume", "none", "--overwrite", *flags]  # fmt: skip
             if args.tiny:
                 cmd += ["--epochs", "1", "-p", "1", "--max-steps", "3", "-j", "0"]
             row = script_row(
@@ -509,7 +509,7 @@ def bench_jpeg(args, device, rows):
         out = Path(args.out) / f"jpeg_{len(rows)}"
         data = [] if "--dummy" in flags else [str(root)]
         cmd = [sys.executable, "imagenet/train.py", *data, "-a", "resnet50", "-b", str(b), "--epochs", "1",
-               "-p", "10", "--output-dir", str(out), "--resume", "none", *flags]  # fmt: skip
+               "-p", "10", "--output-dir", str(out), "--resume", "none", "--overwrite", *flags]  # fmt: skip
         if args.tiny:
             cmd += ["--max-steps", "3", "-p", "1", "--train-crop-size", "32", "--val-resize-size", "36",
                     "--val-crop-size", "32"]  # fmt: skip
@@ -742,7 +742,7 @@ def bench_transformer(args, device, rows):
             cmd = [*launch, "transformer/train.py", *data, "--preset", preset, "--max-tokens", tokens,
                    "--max-steps", str(args.tr_steps) if not args.tiny else "3", "-p", "10" if not args.tiny else "1",
                    "--eval-every", "0", "-j", str(args.tr_workers) if not args.tiny else "0",
-                   "--output-dir", str(out), "--resume", "none"]  # fmt: skip
+                   "--output-dir", str(out), "--resume", "none", "--overwrite"]  # fmt: skip
             cmd += ["--compile"] if "compile" in opts else []
             cmd += ["--compile-mode", "reduce-overhead"] if "cudagraphs" in opts else []
             cmd += ["--cudnn-attention"] if "cudnn" in opts else []

@@ -93,7 +93,7 @@ m8_data() { # Multi30k x 8 in /tmp/m8 (232,000 pairs), so that an epoch holds en
 jpeg_scaling() { # --gpu-decode (torchvision) and --dummy on 1, 2, 4 ... GPUs, CUDA graphs: the same 20,480 JPEGs
   [ -d /tmp/jpeg_scaling/train ] || python3 -c 'import os, sys; sys.path.insert(0, "bench"); from pathlib import Path
 from benchmark import make_jpeg_folder; make_jpeg_folder(Path("/tmp/jpeg_scaling"), 20480, 512, workers=min(32, os.cpu_count()))'
-  J=(imagenet/train.py -a resnet50 -b 256 -p 10 --resume none -j 8 --amp bf16 --channels-last --compile
+  J=(imagenet/train.py -a resnet50 -b 256 -p 10 --resume none --overwrite -j 8 --amp bf16 --channels-last --compile
     --compile-mode reduce-overhead)
   for n in "${counts[@]}"; do # n + 1 epochs: 160 steps on 1 GPU, 120 per GPU on 2, epoch starts included
     launch "$n" "${J[@]}" --epochs $((n + 1)) /tmp/jpeg_scaling --gpu-decode --output-dir "/tmp/jpeg_tv$n" 2>&1 |
@@ -106,7 +106,7 @@ from benchmark import make_jpeg_folder; make_jpeg_folder(Path("/tmp/jpeg_scaling
 case $workload in
 rn50)
   python3 bench/benchmark.py --only resnet50 --rn50-configs fp32 --iters 30 --script-steps 60 --out "$out/rn50_fp32"
-  R=(imagenet/train.py --dummy -a resnet50 -b 256 --max-steps 60 -p 10 --resume none --amp bf16 --channels-last)
+  R=(imagenet/train.py --dummy -a resnet50 -b 256 --max-steps 60 -p 10 --resume none --overwrite --amp bf16 --channels-last)
   for n in "${counts[@]}"; do
     launch "$n" "${R[@]}" --output-dir "/tmp/rn50_e$n" && keep "/tmp/rn50_e$n" "rn50_bf16_cl_eager_${n}x"
     launch "$n" "${R[@]}" --compile --output-dir "/tmp/rn50_c$n" && keep "/tmp/rn50_c$n" "rn50_bf16_cl_compile_${n}x"
@@ -166,7 +166,7 @@ transformer)
 scaling) # the runs side by side, each on its own GPUs (1 + 2 + ... of them; one after the other if too few)
   m8_data
   M8=(transformer/train.py --data /tmp/m8 --lang-src de --lang-tgt en --preset base --max-tokens 65536 --max-steps 70
-    -p 10 --eval-every 0 -j 4 --vocab-size 8000 --resume none --compile)
+    -p 10 --eval-every 0 -j 4 --vocab-size 8000 --resume none --overwrite --compile)
   total=0 # GPUs for all the runs at once
   for n in "${counts[@]}"; do total=$((total + n)); done
   visible=$({ nvidia-smi -L 2>/dev/null || true; } | wc -l)

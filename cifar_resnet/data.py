@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -55,17 +56,54 @@ class CIFARArrays(torch.utils.data.Dataset):
         return self.transform(Image.fromarray(self.data[i])), self.targets[i]
 
 
+# What torchvision's CIFAR-10 batches hold (dicts of lists, bytes, str and numpy arrays), under the names that
+# Python 2 and 3 pickles and numpy 1 and 2 give them. Nothing else is imported: a pickle that names anything else
+# (os.system, a class with __reduce__) is refused before it can run.
+SAFE_GLOBALS = {
+    ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
+    *((f"numpy.{core}.multiarray", "_reconstruct") for core in ("core", "_core")),
+    *((f"numpy.{core}.numeric", "_frombuffer") for core in ("core", "_core")),
+}  # fmt: skip
+
+
+def load_batch(path: Path) -> dict:
+    """One CIFAR-10 batch file, through an unpickler that admits only the types such a file holds."""
+    import pickle
+    import warnings
+
+    class Unpickler(pickle.Unpickler):
+        def find_class(self, module: str, name: str):
+            if (module, name) not in SAFE_GLOBALS:
+                raise pickle.UnpicklingError(f"it names {module}.{name}, which a CIFAR-10 batch never holds")
+            with warnings.catch_warnings():  # numpy 2 warns about its numpy.core alias
+                warnings.simplefilter("ignore")
+                return super().find_class(module, name)
+
+    try:
+        with open(path, "rb") as f:
+            entry = Unpickler(f, encoding="latin1").load()
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError) as e:
+        raise UserError(f"cannot read CIFAR-10 batch {path}: {e} (download it again with --download)") from None
+    data, labels = (
+        entry.get("data") if isinstance(entry, dict) else None,
+        entry.get("labels") if isinstance(entry, dict) else None,
+    )
+    ok = isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2 and data.shape[1] == 3072
+    if not (
+        ok
+        and isinstance(labels, list)
+        and len(labels) == len(data)
+        and all(type(y) is int and 0 <= y < 10 for y in labels)
+    ):
+        raise UserError(f"{path} is not a CIFAR-10 batch (expected uint8 data of N x 3072 and N labels in 0..9)")
+    return entry
+
+
 def read_pickles(folder: Path, train: bool, transform=None) -> CIFARArrays:
     """torchvision's CIFAR-10 files (cifar-10-batches-py/), read without MD5 checks so copies work."""
-    import pickle
-
     data, targets = [], []
     for name in [f"data_batch_{i}" for i in range(1, 6)] if train else ["test_batch"]:
-        try:
-            with open(folder / name, "rb") as f:
-                entry = pickle.load(f, encoding="latin1")
-        except (OSError, pickle.UnpicklingError, EOFError) as e:
-            raise UserError(f"cannot read CIFAR-10 batch {folder / name}: {e}") from None
+        entry = load_batch(folder / name)
         data.append(entry["data"])
         targets += entry["labels"]
     return CIFARArrays(np.concatenate(data).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).copy(), targets, transform)
@@ -79,8 +117,11 @@ def _decode(paths: list[str]) -> np.ndarray:
 
     out = []
     for p in paths:
-        with Image.open(p) as im:
-            out.append(np.asarray(im.convert("RGB")))  # what ImageFolder's default loader gives
+        try:
+            with Image.open(p) as im:
+                out.append(np.asarray(im.convert("RGB")))  # what ImageFolder's default loader gives
+        except (OSError, ValueError, SyntaxError) as e:  # PIL: unidentified, truncated, broken stream
+            raise UserError(f"unreadable image {p} ({str(e).splitlines()[0][:120]}) (fix or delete it)") from None
     shapes = {a.shape for a in out}
     if len(shapes) > 1:
         raise ValueError(f"images of several sizes {sorted(shapes)[:3]} (the decode cache needs one size)")
@@ -167,11 +208,19 @@ def load_splits(args, transform_train, transform_eval, cache_dir: Path, writer: 
         decode = lambda d: decode_folder(d, (root, cache_dir), args.workers, writer)  # noqa: E731
         train, test = decode(root / "train"), decode(test_dir) if test_dir else None
         eval_name = test_dir.name if test_dir else "val"
+        for folder, ds, exact in ((root / "train", train, True), (test_dir, test, False)):
+            n = len(set(ds.targets)) if ds is not None else 10
+            if n > 10 or (exact and n != 10):  # more: labels past the model's 10 outputs, an IndexError in the loss
+                raise UserError(f"{folder} has {n} class folders but the model has 10 outputs (CIFAR-10: one "
+                                "folder per class, 10 of them)")  # fmt: skip
     else:
         raise UserError(
             f"no CIFAR-10 at {root} (expected cifar-10-batches-py/ or train/<class>/*.jpg; "
             "use --download, --data-dir DIR or --synthetic)"
         )
+    if len(set(train.targets)) == 1:
+        print0(f"warning: every training image of {root} has label {train.targets[0]}: one class trains to a loss "
+               "of 0 and learns nothing (check the data)", file=sys.stderr)  # fmt: skip
     if args.val_split > 0:  # seeded hold-out: identical on every rank and rerun; never seen in training
         n = len(train)
         if args.val_split >= n:

@@ -47,6 +47,7 @@ from common.checkpoint import (
     restore_training,
     set_schedule_position,
 )
+from common.checks import check_shared, need
 from common.data import (
     ExactEvalSampler,
     ResumableDistributedSampler,
@@ -72,6 +73,7 @@ from common.utils import (
     StopSignal,
     amp_dtype,
     autocast,
+    check_finite_loss,
     describe,
     evaluate_classifier,
     param_groups,
@@ -138,6 +140,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("run")
     g.add_argument("--output-dir", default="runs/cifar")
     g.add_argument("--resume", default="auto", help="auto (continue from output-dir/last.pt if present) | PATH | none")
+    g.add_argument("--overwrite", action="store_true", help="with --resume none: start over where a run saved")
     g.add_argument("--save-every-steps", type=int, default=0, help="also checkpoint every N steps (0: at epoch end)")
     g.add_argument("--keep-last", type=int, default=0, help="keep the N newest step_*.pt copies (0: none)")
     g.add_argument("--eval-every", type=int, default=1, help="evaluate every N epochs and at the end (0: never)")
@@ -146,6 +149,16 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--wandb", action="store_true", help="log to Weights & Biases from rank 0 (honours WANDB_MODE)")
     add_dist_args(p)
     return p
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every flag's value, before any process group, data or model (common/checks.py has the shared rules)."""
+    check_shared(args)
+    need(args.arch in ARCHS, "--arch", repr(args.arch), "is unknown", f"choose from {', '.join(ARCHS)}")
+    need(args.val_split >= 0, "--val-split", args.val_split, "must be 0 or more", "0: evaluate on test/")
+    need(0 <= args.random_erasing <= 1, "--random-erasing", args.random_erasing, "must be in [0, 1]", "0: off")
+    need(0 <= args.ema < 1, "--ema", args.ema, "must be in [0, 1)", "a decay such as 0.999; 0: off")
+    need(not (args.download and args.synthetic), "--download", "with --synthetic", "makes no sense", "drop one")
 
 
 # ------------------------------------------------------------------ model
@@ -189,10 +202,6 @@ class EMA:
 
 
 def main(args: argparse.Namespace) -> None:
-    if args.batch_size <= 0 or args.accum_steps <= 0:
-        raise UserError("--batch-size and --accum-steps must be positive")
-    if args.compile_mode and not args.compile:
-        raise UserError("--compile-mode needs --compile")
     # [DDP 1] init the process group (torchrun, Slurm, MPI, --dist-url or none) and pick this rank's device.
     info = setup_distributed(args)
     device = info.device
@@ -226,11 +235,11 @@ def main(args: argparse.Namespace) -> None:
     wall = {"start": t_start - T_START, "data": t_data - t_start, "eval": 0.0, "checkpoint": 0.0}
     if not n_train or not len(eval_ds):
         raise UserError(f"empty dataset in {args.data_dir} (train {n_train} images, eval {len(eval_ds)})")
+    if n_train < global_batch:
+        raise UserError(f"global batch {global_batch} is larger than the {n_train} training images")
     # [DDP 2] every rank reads a different shard; the order of epoch e depends only on (seed, e).
     sampler = ResumableDistributedSampler(n_train, info.rank, info.world_size, args.seed)
     steps_per_epoch = len(sampler) // args.batch_size // args.accum_steps
-    if steps_per_epoch == 0:
-        raise UserError(f"global batch {global_batch} is larger than the {n_train} training images")
     loader_kw = dict(
         num_workers=args.workers,
         pin_memory=device.type == "cuda",
@@ -339,6 +348,7 @@ def main(args: argparse.Namespace) -> None:
         t = time.time()
         watchdog.beat(CHECKPOINT)
         window = loss_window.state()  # every rank's part
+        check_finite_loss(window["sums"].sum(), step)  # the losses since the last log point
         if info.is_main:  # [DDP 4] only rank 0 writes, atomically
             state = dict(model=model_without_ddp.state_dict(), optimizer=optimizer.state_dict(),
                          scheduler=scheduler.state_dict(), scaler=scaler.state_dict(), epoch=epoch, step=step,
@@ -427,6 +437,7 @@ def main(args: argparse.Namespace) -> None:
                 # the one host sync
                 loss_avg = all_reduce_sum(loss_window.sum.clone()).item() / (loss_window.n * info.world_size)
                 ips = (step - loss_window.step0) * global_batch / (time.time() - loss_window.t0)
+                check_finite_loss(loss_avg, step)
                 logger.log(
                     {
                         "split": "train",
@@ -483,6 +494,7 @@ def main(args: argparse.Namespace) -> None:
 
 def cli() -> None:
     args = get_args_parser().parse_args()
+    check_args(args)
     try:
         main(args)
     finally:

@@ -172,6 +172,7 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"checkpoint not found: {path}")
+    check_checkpoint_file(path)
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
@@ -182,12 +183,25 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
                 f"({first[:160]}); only load checkpoints you trust, and re-save them as plain tensors"
             ) from None
         raise UserError(f"cannot read checkpoint {path}: corrupt or not a checkpoint ({first[:160]})") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as e:
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, IndexError, KeyError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"cannot read checkpoint {path}: corrupt or truncated ({first[:160]})") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt:
         raise UserError(f"{path} is not a checkpoint of this collection (no 'model' entry)")
     return ckpt
+
+
+def check_checkpoint_file(path: Path) -> None:
+    """A file torch.save wrote starts as a zip archive (or, in the legacy format, a pickle's PROTO opcode): anything
+    else (text, JSON, YAML, HTML, an empty file) is not a checkpoint, whatever the unpickler would make of it."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise UserError(f"cannot read checkpoint {path}: {e.strerror}") from None
+    if head[:4] != b"PK\x03\x04" and head[:1] != b"\x80":
+        what = "an empty file" if not head else "not a file torch.save wrote"
+        raise UserError(f"{path} is not a checkpoint ({what}; pass a last.pt or best.pt that a training run wrote)")
 
 
 def load_model_state(model: torch.nn.Module, state_dict: dict[str, Any], path: str | os.PathLike) -> None:

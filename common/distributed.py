@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from common.checks import check_dist_url, check_host_port
 from common.errors import UserError
 from common.watchdog import DEFAULT_STALL_TIMEOUT
 
@@ -82,8 +83,18 @@ def add_dist_args(parser: argparse.ArgumentParser) -> None:
 def _int(env: Mapping[str, str], *names: str) -> int | None:
     for name in names:
         if env.get(name, "") != "":
-            return int(env[name])
+            return _env_int(env, name)
     return None
+
+
+def _env_int(env: Mapping[str, str], name: str) -> int:
+    """A launcher's variable as an int, or one line naming it."""
+    try:
+        return int(env[name])
+    except ValueError:
+        raise UserError(
+            f"{name}={env[name]!r} is not an integer (launchers set it; unset it to run one process)"
+        ) from None
 
 
 def slurm_master_addr(env: Mapping[str, str]) -> str:
@@ -130,7 +141,11 @@ def detect_launcher(
             name = "env"
         lr = _int(env, "LOCAL_RANK")
         return LaunchEnv(
-            name, int(env["RANK"]), lr if lr is not None else (local_rank or 0), int(env["WORLD_SIZE"]), "env://"
+            name,
+            _env_int(env, "RANK"),
+            lr if lr is not None else (local_rank or 0),
+            _env_int(env, "WORLD_SIZE"),
+            "env://",
         )
     master_port = env.get("MASTER_PORT")
     # 2. Slurm: one task per process (srun --ntasks-per-node=GPUS python train.py).
@@ -141,7 +156,7 @@ def detect_launcher(
         addr = env.get("MASTER_ADDR") or slurm_master_addr(env)
         port = master_port or str(15000 + int(env.get("SLURM_JOB_ID", "0")) % 20000)
         return LaunchEnv(
-            "slurm", int(env["SLURM_PROCID"]), _int(env, "SLURM_LOCALID") or 0, slurm_n, f"tcp://{addr}:{port}"
+            "slurm", _env_int(env, "SLURM_PROCID"), _int(env, "SLURM_LOCALID") or 0, slurm_n, f"tcp://{addr}:{port}"
         )
     # 3. MPI: MPICH / Intel MPI hydra (PMI_*), Open MPI (OMPI_COMM_WORLD_*), MVAPICH2 (MV2_*).
     for name, r, s, lr in (
@@ -149,9 +164,10 @@ def detect_launcher(
         ("mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
         ("mpi", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK"),
     ):
-        if r in env and s in env and int(env[s]) > 1:
+        if r in env and s in env and _env_int(env, s) > 1:
             addr = env.get("MASTER_ADDR", "127.0.0.1")
-            return LaunchEnv(name, int(env[r]), _int(env, lr) or 0, int(env[s]), f"tcp://{addr}:{master_port or 29500}")
+            init = f"tcp://{addr}:{master_port or 29500}"
+            return LaunchEnv(name, _env_int(env, r), _int(env, lr) or 0, _env_int(env, s), init)
     # 4. Explicit --dist-url/--world-size/--rank (the pytorch/examples style).
     if dist_url and world_size > 1:
         if rank < 0:
@@ -159,6 +175,46 @@ def detect_launcher(
         return LaunchEnv("dist-url", rank, local_rank or 0, world_size, dist_url)
     # 5. Plain `python train.py`.
     return LaunchEnv("single", 0, local_rank or 0, 1, "")
+
+
+def check_launch(launch: LaunchEnv, env: Mapping[str, str]) -> None:
+    """Rank, world size, local rank and rendezvous address make sense, and the address resolves: checked before
+    any connection, so that a mistake is one line at once, not C++ frames after --dist-timeout."""
+    src = {"dist-url": "--rank/--world-size", "slurm": "SLURM_PROCID/SLURM_STEP_NUM_TASKS", "mpi": "the MPI rank"}
+    src = src.get(launch.launcher, "RANK/WORLD_SIZE")
+    hint = "set by the launcher; unset RANK and WORLD_SIZE to run one process"
+    if launch.world_size < 1:
+        raise UserError(f"world size {launch.world_size} (from {src}) must be at least 1 ({hint})")
+    if not 0 <= launch.rank < launch.world_size:
+        raise UserError(
+            f"rank {launch.rank} (from {src}) is out of range for world size {launch.world_size} "
+            f"(ranks run 0..{launch.world_size - 1}; {hint})"
+        )
+    if launch.local_rank < 0:
+        raise UserError(f"local rank {launch.local_rank} (LOCAL_RANK or --local-rank) must be 0 or more ({hint})")
+    if launch.world_size == 1 and launch.launcher in ("single", "env", "torchrun", "accelerate"):
+        return  # one process: no rendezvous (setup_distributed)
+    if launch.init_method == "env://":
+        for name in ("MASTER_ADDR", "MASTER_PORT"):
+            if not env.get(name):
+                raise UserError(f"{name} is not set (world size {launch.world_size} needs the rank 0 host's "
+                                "MASTER_ADDR and a free MASTER_PORT; torchrun sets both)")  # fmt: skip
+        host_port = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+        where = f"MASTER_ADDR:MASTER_PORT {host_port}"
+    elif launch.init_method.startswith("tcp://"):
+        host_port, where = launch.init_method[len("tcp://") :], f"rendezvous address {launch.init_method}"
+    else:
+        check_dist_url(launch.init_method)
+        return
+    check_host_port(host_port, where)
+    host = host_port.rpartition(":")[0].strip("[]")
+    try:
+        socket.getaddrinfo(host, None)
+    except OSError as e:
+        raise UserError(
+            f"{where}: cannot resolve host {host!r} ({e.strerror or e}; check MASTER_ADDR / --dist-url, "
+            "and that every node can resolve it)"
+        ) from None
 
 
 def _pick_backend(requested: str | None, device: torch.device) -> str:
@@ -183,6 +239,7 @@ def setup_distributed(args: argparse.Namespace, *, launch: LaunchEnv | None = No
     two ranks on GPU 0.
     """
     launch = launch or detect_launcher(None, args.dist_url, args.world_size, args.rank, args.local_rank)
+    check_launch(launch, os.environ)
     exit_with_launcher(launch)
     if torch.cuda.is_available() and args.dist_backend not in ("gloo", "ccl"):
         if launch.local_rank >= torch.cuda.device_count():
@@ -231,6 +288,12 @@ def setup_distributed(args: argparse.Namespace, *, launch: LaunchEnv | None = No
                 f"rendezvous with {where} failed after {args.dist_timeout:.0f}s: {msg.splitlines()[0][:200]} "
                 "(is the master reachable and the port open? check MASTER_ADDR, firewalls, "
                 "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME; debug with NCCL_DEBUG=INFO TORCH_DISTRIBUTED_DEBUG=DETAIL)"
+            ) from None
+        if isinstance(e, (RuntimeError, ValueError)):  # torch's C++ errors carry frames after their first line
+            first = (msg.strip() or type(e).__name__).splitlines()[0][:200]
+            raise UserError(
+                f"cannot start the process group at {where}: {first} (check the "
+                "launcher's settings; debug with TORCH_DISTRIBUTED_DEBUG=DETAIL)"
             ) from None
         raise
     return DistInfo(launch.rank, launch.local_rank, launch.world_size, device, launch.launcher, backend)

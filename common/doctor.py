@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # also runs as `python common/doctor.py`
+from common.checks import check_shared, finite, need
 from common.distributed import DistInfo, add_dist_args, cleanup_distributed, detect_launcher, setup_distributed
 from common.errors import UserError, run_cli
 
@@ -132,8 +133,10 @@ def main() -> None:
     add_dist_args(p)
     p.set_defaults(dist_timeout=60.0)
     args = p.parse_args()
-    if args.size_mb <= 0 or args.iters <= 0 or args.warmup < 0:
-        raise UserError("--size-mb and --iters must be positive, --warmup >= 0")
+    check_shared(args)
+    need(finite(args.size_mb) and args.size_mb > 0, "--size-mb", args.size_mb, "must be above 0", "e.g. 64")
+    need(args.iters >= 1, "--iters", args.iters, "must be at least 1", "e.g. 20")
+    need(args.warmup >= 0, "--warmup", args.warmup, "must be 0 or more", "e.g. 5")
     launch = detect_launcher(None, args.dist_url, args.world_size, args.rank, args.local_rank)
     if launch.local_rank == 0:  # once per node: interfaces and settings differ between nodes
         print("\n".join(report_local()), flush=True)

@@ -84,6 +84,19 @@ def _lock(out: Path) -> str | None:
     return None
 
 
+def check_wandb() -> None:
+    """--wandb: the package is there, and a run can start (offline or disabled mode, or an API key)."""
+    try:
+        import wandb
+    except ImportError:
+        raise UserError("--wandb needs the wandb package (pip install wandb), or drop --wandb") from None
+    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun"):
+        return
+    if not os.environ.get("WANDB_API_KEY") and not wandb.login(prompt=False, verify=False):
+        raise UserError("--wandb: not logged in to Weights & Biases (run `wandb login`, set WANDB_API_KEY, "
+                        "or WANDB_MODE=offline to log locally)")  # fmt: skip
+
+
 class MetricsLogger:
     """Writes ``config.json`` and appends JSON lines to ``metrics.jsonl`` (rank 0 only)."""
 
@@ -123,7 +136,10 @@ class MetricsLogger:
             return run_id
         import wandb
 
-        self.wandb = wandb.init(project=project, config=config, id=run_id, resume="allow", dir=str(self.output_dir))
+        try:
+            self.wandb = wandb.init(project=project, config=config, id=run_id, resume="allow", dir=str(self.output_dir))
+        except wandb.errors.Error as e:  # no key, no network: the user's to fix
+            raise UserError(f"--wandb: {str(e).splitlines()[0][:200]} (or set WANDB_MODE=offline)") from None
         return self.wandb.id
 
     def log(self, record: dict[str, Any]) -> None:

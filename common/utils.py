@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from common.distributed import all_reduce_sum, is_dist, print0
+from common.errors import UserError
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "stopped on a signal after saving; rerun the same command"
 STOP_SIGNALS = ("SIGTERM", "SIGUSR2")  # a rank stops on these at a step boundary; its DataLoader workers ignore them
@@ -78,6 +79,17 @@ def evaluate_classifier(
     model.train()
     m = {"loss": loss / max(n, 1), "acc1": 100 * c1 / max(n, 1), "acc5": 100 * c5 / max(n, 1), "count": int(n)}
     return {**m, "skipped": int(bad)} if bad else m
+
+
+def check_finite_loss(loss: float | torch.Tensor, step: int) -> None:
+    """Stop the run when the loss is NaN or infinite: the weights are too, and no checkpoint may hold them.
+    Called where the loop syncs anyway (log points, before a save), never once per step."""
+    value = float(loss)
+    if not math.isfinite(value):
+        raise UserError(
+            f"loss is {value} at step {step}: stopped before writing a checkpoint, the last one is intact (lower "
+            "--lr, check the data, or resume from last.pt with other settings)"
+        )
 
 
 def describe(m: dict[str, float]) -> str:

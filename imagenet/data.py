@@ -14,6 +14,7 @@ import PIL
 import torch
 import torchvision
 
+from common.checks import check_positive_ints, check_shared, finite, need
 from common.errors import UserError
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ImageNet's channel statistics
@@ -23,8 +24,18 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ImageNet's channel s
 
 
 def check_args(args: argparse.Namespace) -> None:
-    if args.batch_size <= 0 or args.accum_steps <= 0:
-        raise UserError("--batch-size and --accum-steps must be positive")
+    check_shared(args)
+    check_positive_ints(args, "train_crop_size", "val_resize_size", "val_crop_size", "lr_step_size", "nproc_per_node")
+    need(min(args.dummy_sizes) >= 1, "--dummy-sizes", " ".join(map(str, args.dummy_sizes)), "must be at least 1",
+         "train and val images, e.g. --dummy-sizes 1000 100")  # fmt: skip
+    need(finite(args.lr_gamma) and args.lr_gamma > 0, "--lr-gamma", args.lr_gamma, "must be above 0", "e.g. 0.1")
+    for flag, value in (("--mixup-alpha", args.mixup_alpha), ("--cutmix-alpha", args.cutmix_alpha)):
+        need(finite(value) and value >= 0, flag, value, "must be a finite number >= 0", "0: off")
+    need(0 <= args.ema_decay < 1, "--ema-decay", args.ema_decay, "must be in [0, 1)", "e.g. 0.9999; 0: off")
+    need(0 <= args.start_epoch < args.epochs, "--start-epoch", args.start_epoch, f"must be in 0..{args.epochs - 1}",
+         "an epoch before --epochs")  # fmt: skip
+    need(args.gpu is None or args.gpu >= 0, "--gpu", args.gpu, "must be 0 or more", "a GPU index")
+    need(args.weights is None or args.pretrained, "--weights", args.weights, "needs --pretrained", "add --pretrained")
     archs = torchvision.models.list_models(module=torchvision.models)
     if args.arch not in archs:
         near = difflib.get_close_matches(args.arch, archs, n=3)
@@ -40,6 +51,8 @@ def check_args(args: argparse.Namespace) -> None:
     if not args.data:
         raise UserError("DATA is required (a folder with train/ and val/ of class folders), or pass --dummy")
     root = Path(args.data)
+    if root.is_file():
+        raise UserError(f"data dir {root} is a file (give the folder that holds train/ and val/)")
     if not root.is_dir():
         raise UserError(f"data dir {root} does not exist")
     classes = {}

@@ -69,6 +69,7 @@ from common.utils import (
     StopSignal,
     amp_dtype,
     autocast,
+    check_finite_loss,
     describe,
     evaluate_classifier,
     param_groups,
@@ -178,6 +179,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("run")
     g.add_argument("--output-dir", default="runs/imagenet")
     g.add_argument("--resume", default="auto", help="auto (continue from output-dir/last.pt if present) | PATH | none")
+    g.add_argument("--overwrite", action="store_true", help="with --resume none: start over where a run saved")
     g.add_argument("-e", "--evaluate", action="store_true", help="evaluate --resume (or --pretrained) only")
     g.add_argument("--save-every-steps", type=int, default=0, help="also checkpoint every N steps (0: at epoch end)")
     g.add_argument("--keep-last", type=int, default=0, help="keep the N newest step_*.pt copies (0: none)")
@@ -226,8 +228,6 @@ def build_model(arch: str, num_classes: int, weights=None) -> nn.Module:
 
 def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
     # [DDP 1] init the process group (torchrun, Slurm, MPI, --dist-url, mp.spawn or none) and pick the device.
-    if args.compile_mode and not args.compile:
-        raise UserError("--compile-mode needs --compile")
     launch = launch or detect_launcher(None, args.dist_url, args.world_size, args.rank, args.local_rank)
     if args.gpu is not None and launch.launcher != "mp.spawn":
         if launch.launcher not in ("single", "dist-url"):
@@ -260,6 +260,8 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
         train_ds = None if args.evaluate else image_folder(Path(args.data) / "train", tf_train)
         val_ds = image_folder(Path(args.data) / "val", tf_val)
         num_classes, n_train, n_val = len(val_ds.classes), len(train_ds or ()), len(val_ds)
+    if num_classes == 1:
+        print0(f"warning: {args.data} holds one class: it trains to a loss of 0 and learns nothing", file=sys.stderr)
     if args.pretrained and num_classes != 1000:
         raise UserError(f"--pretrained loads 1000-class ImageNet heads, but {args.data} has {num_classes} classes")
     loader_kw = dict(
@@ -426,6 +428,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
         t = time.time()
         watchdog.beat(CHECKPOINT)
         window = loss_window.state()  # every rank's part
+        check_finite_loss(window["sums"].sum(), step)  # the losses since the last log point
         if info.is_main:  # [DDP 4] only global rank 0 writes (not every node's local rank 0), atomically
             state = dict(model=model_without_ddp.state_dict(), optimizer=optimizer.state_dict(),
                          scheduler=scheduler.state_dict(), scaler=scaler.state_dict(), epoch=epoch, step=step,
@@ -493,6 +496,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
                 stats = torch.stack([loss_window.sum, torch.full_like(loss_window.sum, bad_train)])
                 loss_tot, n_skipped = all_reduce_sum(stats).tolist()  # the one host sync
                 loss_avg, n_skipped = loss_tot / (loss_window.n * info.world_size), int(n_skipped)
+                check_finite_loss(loss_avg, step)
                 ips = (step - loss_window.step0) * global_batch / (time.time() - loss_window.t0)
                 rec = {"split": "train", "epoch": epoch, "step": step, "loss": loss_avg}
                 rec.update(lr=scheduler.get_last_lr()[0], img_per_s=ips)

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from tests.conftest import (
-    PY,
     assert_same_training_state,
     cifar_data,
     cifar_loader_reference,
@@ -20,7 +19,6 @@ from tests.conftest import (
     make_jpeg_imagefolder,
     preempt,
     restart_after_sigkill,
-    run,
     run_records,
     torchrun,
 )
@@ -169,44 +167,6 @@ def test_resume_mid_epoch_is_bit_identical(tmp_path, tmp_path_factory, data_path
     rec_a, rec_b = run_records(tmp_path / "a"), run_records(tmp_path / "b")
     assert [r["step"] for r in rec_a if r["split"] == "train"] == [*range(3, 61, 3)]
     assert rec_a == [r for r in rec_b if (r["split"], r["step"]) != ("test", 3)]
-
-
-@pytest.mark.parametrize(
-    "args,msg",
-    [
-        (["--data-dir", "/nonexistent"], "error: no CIFAR-10 at /nonexistent"),
-        (["--synthetic", "--arch", "resnet7"], "error: unknown --arch 'resnet7'"),
-        (["--synthetic", "--batch-size", "0"], "error: --batch-size and --accum-steps must be positive"),
-        (["--synthetic", "--compile-mode", "reduce-overhead"], "error: --compile-mode needs --compile"),
-        (["--synthetic", "--output-dir", "/proc/forbidden"], "error: output dir /proc/forbidden is not writable"),
-    ],
-)
-def test_bad_input_is_one_line(tmp_path, args, msg, monkeypatch, capsys):
-    """The script's entry point in this process (no torch import per case); the first case also as a command."""
-    import cifar_resnet.train as train
-
-    full = ["--output-dir", str(tmp_path / "o"), "-j", "0", "--max-steps", "1", *args]
-    monkeypatch.setattr(sys, "argv", ["cifar_resnet/train.py", *full])
-    with pytest.raises(SystemExit) as e:
-        train.run_cli(train.cli)
-    results = [(e.value.code, capsys.readouterr().err)]
-    if args[1] == "/nonexistent":
-        p = run([PY, "cifar_resnet/train.py", *full], check=False)
-        results.append((p.returncode, p.stderr))
-    for code, err in results:
-        assert code == 2 and err.strip() == err.strip().splitlines()[0], err
-        assert err.startswith(msg), err
-
-
-def test_checkpoint_from_other_arch_is_refused(tmp_path, monkeypatch, capsys):
-    args = ["--synthetic", "-j", "0", "--output-dir", tmp_path, *TINY]
-    in_process(monkeypatch, *args, "--max-steps", "1", "--eval-every", "0")
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        in_process(monkeypatch, *args, "--max-steps", "2", "--arch", "resnet34")
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and "does not fit this model" in err and "Traceback" not in err, err
-    assert len(err.strip().splitlines()) == 1, err
 
 
 def test_resume_under_another_world_size_continues_the_epoch(tmp_path, tiny_imagefolder, monkeypatch):

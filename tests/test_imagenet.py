@@ -219,38 +219,6 @@ def cli_error(m, monkeypatch, capsys, *argv) -> str:
     return lines[0]
 
 
-def test_bad_inputs_in_process(m, data, tmp_path, monkeypatch, capsys):
-    empty, flat, mixed = tmp_path / "empty", tmp_path / "flat", tmp_path / "mixed"
-    empty.mkdir()
-    (flat / "train" / "n01440764").mkdir(parents=True)
-    (flat / "val").mkdir()
-    (flat / "val" / "ILSVRC2012_val_00000001.JPEG").write_bytes(b"")
-    (mixed / "train" / "a").mkdir(parents=True)
-    (mixed / "val" / "b").mkdir(parents=True)
-    bad = make_jpeg_imagefolder(tmp_path / "bad", {"train": 8, "val": 5}, classes=2, size=35)
-    (bad / "train" / "class0" / "00002.jpg").write_bytes(b"GIF89a, or not")
-    out = ("--output-dir", tmp_path / "out")
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))  # an empty hub cache
-    cases = {
-        "has no train/ folder": (empty,),
-        "has no class folders (ImageNet's val/ ships flat": (flat,),
-        "they must match; first difference: a": (mixed,),
-        "does not exist": (tmp_path / "nope",),
-        "DATA is required": (),
-        "no CUDA GPU": (data, "--gpu", "0"),
-        "several nodes need --dist-url": (data, "--multiprocessing-distributed", "--world-size", "2"),
-        "-e needs weights": (data, "-e", "--resume", "none"),
-        "--compile-mode needs --compile": (data, "--compile-mode", "reduce-overhead"),
-        "--resume nope.pt: no such file": (data, "--resume", "nope.pt"),
-        "--pretrained: cannot download": ("--dummy", "--pretrained", "-a", "resnet18", "-e"),
-        "global batch 256 is larger than the 37": (data, "-a", "resnet18"),
-        "unknown --arch 'resnet9000' (did you mean": (data, "-a", "resnet9000"),
-        f"unreadable image {bad / 'train' / 'class0' / '00002.jpg'} (not an image": (bad, *TINY, "-j", "0"),
-    }
-    for want, argv in cases.items():
-        assert want in cli_error(m, monkeypatch, capsys, *argv, *out)
-
-
 def test_gpu_decode_asks_for_32_hardware_queues_unless_set(m, data, tmp_path, monkeypatch, capsys):
     """--gpu-decode sets CUDA_DEVICE_MAX_CONNECTIONS=32 before the device is set up (CUDA reads it then); a
     user's own value is kept. The run stops at an error raised after setup: the variable is set by then."""

@@ -17,6 +17,7 @@ import gzip
 import itertools
 import os
 import re
+import sys
 from pathlib import Path
 
 import torch
@@ -69,7 +70,31 @@ def load_corpus(args, info: DistInfo) -> Splits:
         splits["val"] = ([src[i] for i in perm[:n_val]], [tgt[i] for i in perm[:n_val]])
         splits["train"] = ([src[i] for i in perm[n_val:]], [tgt[i] for i in perm[n_val:]])
         print0(f"no validation split: held out {n_val} training pairs (seeded)")
+    splits["train"] = screen_pairs(*splits["train"], CHARS_PER_TOKEN * args.max_len, args.data)
     return splits
+
+
+CHARS_PER_TOKEN = 16  # a side longer than this x --max-len in characters cannot fit --max-len tokens in practice
+
+
+def screen_pairs(src: list[str], tgt: list[str], max_chars: int, where: str) -> tuple[list[str], list[str]]:
+    """Drop (and count) the training pairs with a side over ``max_chars`` characters, before the tokenizer is
+    trained: BPE's cost grows with the square of a word's length, and one long line without spaces stalls it for
+    minutes. Warn about pairs with an empty side; a corpus of nothing but those is an error."""
+    keep = [i for i, (a, b) in enumerate(zip(src, tgt)) if len(a) <= max_chars and len(b) <= max_chars]
+    if len(keep) < len(src):
+        print0(f"dropped {len(src) - len(keep)} training pairs over {max_chars} characters (--max-len x "
+               f"{CHARS_PER_TOKEN}) before training the tokenizer")  # fmt: skip
+        src, tgt = [src[i] for i in keep], [tgt[i] for i in keep]
+    empty = sum(1 for a, b in zip(src, tgt) if not a.strip() or not b.strip())
+    if src and empty == len(src):
+        raise UserError(f"--data {where}: every training pair has an empty side (check the files' contents)")
+    if empty:
+        print0(f"warning: {empty} of {len(src)} training pairs have an empty side (misaligned files?)",
+               file=sys.stderr)  # fmt: skip
+    if not src:
+        raise UserError(f"--data {where}: no training pair is under {max_chars} characters (raise --max-len)")
+    return src, tgt
 
 
 def synthetic_corpus(seed: int, sizes: tuple[int, int, int] = (20000, 500, 500)) -> Splits:
@@ -100,8 +125,13 @@ def read_lines(path: Path) -> list[str]:
     try:
         raw = gzip.open(path, "rb").read() if path.suffix == ".gz" else path.read_bytes()
         text = raw.decode("utf-8")
-    except (OSError, UnicodeDecodeError, EOFError) as e:
-        raise UserError(f"cannot read {path}: {e}") from None
+    except UnicodeDecodeError as e:
+        raise UserError(
+            f"cannot read {path}: not UTF-8 ({e.reason} at byte {e.start}) (convert it, e.g. "
+            f"iconv -f latin1 -t utf-8 {path.name} > {path.name}.utf8)"
+        ) from None
+    except (OSError, EOFError) as e:
+        raise UserError(f"cannot read {path}: {e} (check that the file is readable and, if .gz, complete)") from None
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # find common/ when run as a script
 from common.checkpoint import CheckpointWriter, eval_due, load_checkpoint, load_model_state, resolve_resume
+from common.checks import check_positive_ints, check_shared, finite, need
 from common.data import ExactEvalSampler, init_worker, worker_context
 from common.distributed import (
     add_dist_args,
@@ -44,7 +45,7 @@ from common.distributed import (
 )
 from common.errors import UserError, run_cli
 from common.metrics import LossWindow, MetricsLogger, Progress, prepare_output_dir
-from common.utils import StopSignal, amp_dtype, autocast, count_params, param_groups
+from common.utils import StopSignal, amp_dtype, autocast, check_finite_loss, count_params, param_groups
 from common.watchdog import CHECKPOINT, EVAL_STEP, Watchdog
 from transformer.data import (
     PAD,
@@ -130,6 +131,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("run")
     g.add_argument("--output-dir", default="runs/transformer")
     g.add_argument("--resume", default="auto", help="auto (continue from output-dir/last.pt if present) | PATH | none")
+    g.add_argument("--overwrite", action="store_true", help="with --resume none: start over where a run saved")
     g.add_argument("--save-every-steps", type=int, default=0, help="also checkpoint every N steps (0: at epoch end)")
     g.add_argument("--keep-last", type=int, default=0, help="keep the N newest step_*.pt copies (0: none)")
     g.add_argument("--seed", type=int, default=0)
@@ -137,6 +139,21 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--wandb", action="store_true", help="log to Weights & Biases from rank 0 (honours WANDB_MODE)")
     add_dist_args(p)
     return p
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every flag's value, before any process group, text or model (common/checks.py has the shared rules)."""
+    check_shared(args)
+    check_positive_ints(args, "max_tokens", "pack_len", "beam", "d_model", "layers", "heads", "d_ff")
+    top = ModelConfig.max_positions - 1
+    need(0 < args.max_len <= top, "--max-len", args.max_len, f"must be in 1..{top}", "the model's positions")
+    need(args.vocab_size >= 8, "--vocab-size", args.vocab_size, "must be at least 8", "e.g. 8000")
+    for attr, flag in (("val_split", "--val-split"), ("warmup_steps", "--warmup-steps"), ("samples", "--samples")):
+        need(getattr(args, attr) >= 0, flag, getattr(args, attr), "must be 0 or more", "0: none")
+    need(finite(args.clip_grad) and args.clip_grad >= 0, "--clip-grad", args.clip_grad, "must be >= 0", "0: off")
+    need(args.dropout is None or 0 <= args.dropout < 1, "--dropout", args.dropout, "must be in [0, 1)", "e.g. 0.1")
+    width, heads = args.d_model or PRESETS[args.preset]["d_model"], args.heads or PRESETS[args.preset]["n_heads"]
+    need(width % heads == 0, "--heads", heads, f"does not divide the width {width}", "pick a divisor of --d-model")
 
 
 def inverse_sqrt(step: int, warmup: int) -> float:
@@ -201,12 +218,6 @@ def evaluate(model, data, tok, args, info, dtype) -> dict:
 
 
 def main(args: argparse.Namespace) -> None:
-    if min(args.max_tokens, args.accum_steps, args.beam, args.pack_len) <= 0:
-        raise UserError("--max-tokens, --pack-len, --accum-steps and --beam must be positive")
-    if not 0 < args.max_len < ModelConfig.max_positions:
-        raise UserError(f"--max-len must be in 1..{ModelConfig.max_positions - 1} (the model's positions)")
-    if args.compile_mode and not args.compile:
-        raise UserError("--compile-mode needs --compile")
     pack_len = min(args.pack_len, args.max_tokens)
     if args.max_len >= pack_len:
         print0(f"note: --max-len {args.max_len} lowered to {pack_len - 1}: a pair must fit a row of {pack_len}")
@@ -356,6 +367,7 @@ def main(args: argparse.Namespace) -> None:
         t = time.time()
         watchdog.beat(CHECKPOINT)
         window = loss_window.state()  # every rank's part
+        check_finite_loss(window["sums"].sum(), step)  # the losses since the last log point
         if info.is_main:  # [DDP 4] only rank 0 writes, atomically
             writer.save(
                 {
@@ -476,6 +488,7 @@ def main(args: argparse.Namespace) -> None:
                 # per target token; the one host sync
                 loss_avg = all_reduce_sum(loss_window.sum.clone()).item() / loss_window.n
                 tps = loss_window.n / (time.time() - loss_window.t0)
+                check_finite_loss(loss_avg, step)
                 lr = scheduler.get_last_lr()[0]
                 logger.log(
                     {"split": "train", "epoch": epoch, "step": step, "loss": loss_avg, "lr": lr, "tok_per_s": tps}
@@ -498,6 +511,7 @@ def main(args: argparse.Namespace) -> None:
             if step >= max_steps and "test" in eval_sets:  # recorded with the final evaluation: done once
                 run_eval("test")
             eval_step = step
+            check_finite_loss(all_reduce_sum(loss_window.sum.clone()), step)  # before they are dropped
             loss_window.reset(step)  # keep eval time out of the throughput
         pending = False
         loss_window.t0 += save("last.pt")  # a small corpus checkpoints often; keep that out of the tokens/s too
@@ -513,6 +527,7 @@ def main(args: argparse.Namespace) -> None:
 
 def cli() -> None:
     args = get_args_parser().parse_args()
+    check_args(args)
     try:
         main(args)
     finally:

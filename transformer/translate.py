@@ -25,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # find common/ when run as a script
 from common.checkpoint import atomic_write, load_checkpoint, load_model_state
+from common.checks import check_positive_ints, need
 from common.errors import UserError, run_cli
 from common.utils import amp_dtype
 from transformer.data import decode, encode, one_line, read_lines
@@ -47,9 +48,29 @@ def get_args_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_args(args: argparse.Namespace) -> torch.device:
+    """Every flag's value before the checkpoint is read; returns the device."""
+    check_positive_ints(args, "beam", "max_tokens")
+    if args.sentences and args.input:
+        raise UserError("give sentences as arguments or --input FILE, not both")
+    if args.output:
+        out = Path(args.output)
+        need(not out.is_dir(), "--output", args.output, "is a directory", "name a file to write")
+        parent = next((q for q in out.parents if q.exists()), None)
+        need(parent is None or parent.is_dir(), "--output", args.output, f"is under the file {parent}", "fix the path")
+    try:
+        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError:
+        raise UserError(f"--device {args.device} is not a device (cpu, cuda or cuda:N)") from None
+    need(device.type in ("cpu", "cuda", "xpu", "mps"), "--device", args.device, "is not supported", "cpu or cuda:N")
+    if device.type == "cuda":
+        n = torch.cuda.device_count()
+        need(n > (device.index or 0), "--device", args.device, f"but {n} CUDA GPU(s) are visible", "use --device cpu")
+    return device
+
+
 def main(args: argparse.Namespace) -> None:
-    if args.beam <= 0 or args.max_tokens <= 0:
-        raise UserError("--beam and --max-tokens must be positive")
+    device = check_args(args)
     try:
         from tokenizers import Tokenizer
     except ImportError:
@@ -58,14 +79,11 @@ def main(args: argparse.Namespace) -> None:
     if "tokenizer" not in ckpt or "model_config" not in ckpt:
         raise UserError(f"{args.checkpoint} is not a transformer/train.py checkpoint (no tokenizer or model config)")
     tok = Tokenizer.from_str(ckpt["tokenizer"])
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = Transformer(ModelConfig(**ckpt["model_config"]))
     load_model_state(model, ckpt["model"], args.checkpoint)
     model.to(device).eval()
     allow_cudnn_attention(False)  # decoding brings a new shape every step: cuDNN would plan each one
 
-    if args.sentences and args.input:
-        raise UserError("give sentences as arguments or --input FILE, not both")
     # read_lines ends a line at "\n" only (and drops a "\r" before it): the line count `wc -l` gives
     sentences = args.sentences or read_lines(Path(args.input or "/dev/stdin"))
     sentences = [one_line(s) for s in sentences]

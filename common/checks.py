@@ -1,0 +1,120 @@
+"""Command-line checks shared by the scripts: each bad value is one line, ``error: <flag> <what> (<hint>)``,
+before any process group, dataset or model exists.
+
+A script's ``check_args(args)`` calls ``check_shared(args)`` for the flags every script has, then its own rules
+written with ``need``. A rule applies to the flags a script has; the others are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from common.errors import UserError
+
+CHECKPOINTS = ("last.pt", "best.pt")
+
+
+def need(ok: bool, flag: str, value: object, what: str, hint: str) -> None:
+    """Raise ``<flag> <value> <what> (<hint>)`` unless ``ok``."""
+    if not ok:
+        raise UserError(f"{flag} {value} {what} ({hint})")
+
+
+def finite(x: float) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+# (attribute, flag, test, what it must be, hint) for the flags the scripts share
+_RULES: list[tuple[str, str, Callable[[float], bool], str, str]] = [
+    ("batch_size", "--batch-size", lambda v: v >= 1, "must be at least 1", "images per process, e.g. -b 32"),
+    ("accum_steps", "--accum-steps", lambda v: v >= 1, "must be at least 1", "1: no accumulation"),
+    ("workers", "-j/--workers", lambda v: v >= 0, "must be 0 or more", "0 loads in the main process"),
+    ("lr", "--lr", lambda v: finite(v) and v > 0, "must be a finite number above 0", "e.g. --lr 0.1"),
+    ("momentum", "--momentum", lambda v: finite(v) and 0 <= v < 1, "must be in [0, 1)", "e.g. --momentum 0.9"),
+    ("weight_decay", "--wd", lambda v: finite(v) and v >= 0, "must be a finite number >= 0", "e.g. --wd 5e-4"),
+    ("label_smoothing", "--label-smoothing", lambda v: finite(v) and 0 <= v < 1, "must be in [0, 1)", "e.g. 0.1"),
+    ("print_freq", "-p/--print-freq", lambda v: v >= 1, "must be at least 1", "log every N steps"),
+    ("epochs", "--epochs", lambda v: v >= 1, "must be at least 1", "the number of passes over the data"),
+    ("max_steps", "--max-steps", lambda v: v >= 0, "must be 0 or more", "0: no limit"),
+    ("save_every_steps", "--save-every-steps", lambda v: v >= 0, "must be 0 or more", "0: only at epoch ends"),
+    ("keep_last", "--keep-last", lambda v: v >= 0, "must be 0 or more", "0: keep no step_*.pt copies"),
+    ("eval_every", "--eval-every", lambda v: v >= 0, "must be 0 or more", "0: never evaluate"),
+    ("seed", "--seed", lambda v: 0 <= v < 2**63, "must be in 0..2**63-1", "e.g. --seed 0"),
+    ("dist_timeout", "--dist-timeout", lambda v: finite(v) and v > 0, "must be a number of seconds above 0", "600"),
+    ("stall_timeout", "--stall-timeout", lambda v: finite(v) and v >= 0, "must be seconds >= 0", "0 turns it off"),
+    ("world_size", "--world-size", lambda v: v == -1 or v >= 1, "must be at least 1", "the number of processes"),
+    ("rank", "--rank", lambda v: v >= -1, "must be 0 or more", "this process's global rank"),
+    ("warmup_epochs", "--warmup-epochs", lambda v: finite(v) and v >= 0, "must be a finite number >= 0", "0: none"),
+]
+
+
+def check_rules(args: argparse.Namespace, rules=_RULES) -> None:
+    for attr, flag, ok, what, hint in rules:
+        value = getattr(args, attr, None)
+        if value is not None:
+            need(ok(value), flag, value, what, hint)
+
+
+def check_dist_url(url: str | None) -> None:
+    """``--dist-url``: tcp://HOST:PORT, env:// or file:///PATH."""
+    if url is None:
+        return
+    parts = urlsplit(url)
+    need(parts.scheme in ("tcp", "env", "file"), "--dist-url", url, "has an unknown scheme",
+         "use tcp://HOST:PORT, env:// or file:///shared/path")  # fmt: skip
+    if parts.scheme == "tcp":
+        check_host_port(url[len("tcp://") :], f"--dist-url {url}")
+
+
+def check_host_port(host_port: str, where: str) -> None:
+    """HOST:PORT with a host and a port in 1..65535."""
+    host, _, port = host_port.rpartition(":")
+    if not host.strip("[]"):
+        raise UserError(f"{where} names no host (use tcp://HOST:PORT)")
+    if not (port.isdigit() and 1 <= int(port) <= 65535):
+        raise UserError(f"{where} has no valid port (a number in 1..65535, e.g. tcp://{host}:29500)")
+
+
+def check_output_dir(args: argparse.Namespace) -> None:
+    """--output-dir is (or can become) a directory; --resume none does not overwrite a run without --overwrite."""
+    out = Path(args.output_dir)
+    for p in (out, *out.parents):
+        if p.exists():
+            need(p.is_dir(), "--output-dir", args.output_dir, f"is under the file {p}" if p != out else "is a file",
+                 "give a directory")  # fmt: skip
+            break
+    found = [n for n in CHECKPOINTS if (out / n).is_file()]
+    writes = not getattr(args, "evaluate", False) and not getattr(args, "overwrite", True)
+    if writes and args.resume == "none" and found:
+        raise UserError(
+            f"--resume none would overwrite the run in {out} ({', '.join(found)}) (pass --overwrite to start over "
+            "there, --resume auto to continue it, or another --output-dir)"
+        )
+    if args.resume not in ("auto", "none", "", None) and not Path(args.resume).is_file():
+        raise UserError(f"--resume {args.resume}: no such file (auto, none, or a checkpoint's path)")
+
+
+def check_shared(args: argparse.Namespace) -> None:
+    """The flags every train.py shares (DESIGN.md), plus --compile-mode and --wandb."""
+    check_rules(args)
+    if getattr(args, "compile_mode", None) and not getattr(args, "compile", False):
+        raise UserError("--compile-mode needs --compile")
+    check_dist_url(getattr(args, "dist_url", None))
+    if hasattr(args, "output_dir"):
+        check_output_dir(args)
+    if getattr(args, "wandb", False):
+        from common.metrics import check_wandb
+
+        check_wandb()
+
+
+def check_positive_ints(args: argparse.Namespace, *attrs: str) -> None:
+    """Each attribute (flag --attr-name) is an int >= 1 when set."""
+    for attr in attrs:
+        value = getattr(args, attr)
+        if value is not None:
+            need(value >= 1, "--" + attr.replace("_", "-"), value, "must be at least 1", "a positive whole number")

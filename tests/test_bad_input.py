@@ -1,0 +1,436 @@
+"""Bad input at every entry point (cifar, imagenet, transformer, translate, doctor), one table.
+
+Each case runs the script's command line in this process (its entry point with ``sys.argv`` and the environment
+set, as ``__main__`` runs it), and must end with exit code 2, exactly one ``error:`` line on stderr (argparse's own
+``prog: error:`` line counts), no traceback, within a time limit, and, where the output dir holds a good run, an
+unchanged ``last.pt``. A few cases expect a warning and a finished run instead. The cases that need real processes
+(a rendezvous that fails, a launcher) share one parallel batch of subprocesses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import PY, REPO, free_port, make_cifar_pickles, make_jpeg_imagefolder
+
+sys.path.insert(0, str(REPO))
+
+ENTRY = {  # script -> (module, its __main__ entry point)
+    "cifar": ("cifar_resnet.train", lambda m: m.cli),
+    "imagenet": ("imagenet.train", lambda m: m.cli),
+    "transformer": ("transformer.train", lambda m: m.cli),
+    "translate": ("transformer.translate", lambda m: lambda: m.main(m.get_args_parser().parse_args())),
+    "doctor": ("common.doctor", lambda m: m.cli),
+}
+LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+               "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK",
+               "OMPI_COMM_WORLD_SIZE", "WANDB_MODE", "WANDB_API_KEY")  # fmt: skip
+ERROR_LINE = re.compile(r"^(\S+: )?error: ")  # ours, or argparse's "train.py: error: ..."
+CIFAR = ["--synthetic", "-a", "resnet20", "-b", "4", "-j", "0", "--eval-every", "0"]
+INET = ["{inet}", "-a", "resnet18", "-b", "4", "-j", "0", "--train-crop-size", "32", "--val-resize-size", "40",
+        "--val-crop-size", "32"]  # fmt: skip
+TR = ["--synthetic", "--preset", "tiny", "-j", "0"]
+DOCTOR: list[str] = []
+NOT_CKPT = "is not a checkpoint (not a file torch.save wrote"
+ENV1 = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+# (script, base args, extra args, environment, what the error line holds); {names} are paths made below; the
+# cifar, imagenet and transformer cases write to {good} (a finished run) unless they name another --output-dir.
+# fmt: off
+CASES = [
+    # ---- cifar: every shared flag, the script's own, the environment, its files
+    ("cifar", CIFAR, ["-p", "0"], {}, "-p/--print-freq 0 must be at least 1"),
+    ("cifar", CIFAR, ["-p", "-3"], {}, "-p/--print-freq -3 must be at least 1"),
+    ("cifar", CIFAR, ["--lr", "-0.1"], {}, "--lr -0.1 must be a finite number above 0"),
+    ("cifar", CIFAR, ["--lr", "nan"], {}, "--lr nan must be a finite number above 0"),
+    ("cifar", CIFAR, ["--lr", "inf"], {}, "--lr inf must be a finite number above 0"),
+    ("cifar", CIFAR, ["--lr", "0"], {}, "--lr 0.0 must be a finite number above 0"),
+    ("cifar", CIFAR, ["--momentum", "-1"], {}, "--momentum -1.0 must be in [0, 1)"),
+    ("cifar", CIFAR, ["--momentum", "1.5"], {}, "--momentum 1.5 must be in [0, 1)"),
+    ("cifar", CIFAR, ["--label-smoothing", "2"], {}, "--label-smoothing 2.0 must be in [0, 1)"),
+    ("cifar", CIFAR, ["--label-smoothing", "-0.1"], {}, "--label-smoothing -0.1 must be in [0, 1)"),
+    ("cifar", CIFAR, ["-j", "-1"], {}, "-j/--workers -1 must be 0 or more"),
+    ("cifar", CIFAR, ["--epochs", "0"], {}, "--epochs 0 must be at least 1"),
+    ("cifar", CIFAR, ["--epochs", "-3"], {}, "--epochs -3 must be at least 1"),
+    ("cifar", CIFAR, ["--max-steps", "-1"], {}, "--max-steps -1 must be 0 or more"),
+    ("cifar", CIFAR, ["--save-every-steps", "-2"], {}, "--save-every-steps -2 must be 0 or more"),
+    ("cifar", CIFAR, ["--keep-last", "-1"], {}, "--keep-last -1 must be 0 or more"),
+    ("cifar", CIFAR, ["--eval-every", "-1"], {}, "--eval-every -1 must be 0 or more"),
+    ("cifar", CIFAR, ["--seed", "-1"], {}, "--seed -1 must be in 0..2**63-1"),
+    ("cifar", CIFAR, ["--batch-size", "0"], {}, "--batch-size 0 must be at least 1"),
+    ("cifar", CIFAR, ["--batch-size", "-4"], {}, "--batch-size -4 must be at least 1"),
+    ("cifar", CIFAR, ["--accum-steps", "0"], {}, "--accum-steps 0 must be at least 1"),
+    ("cifar", CIFAR, ["--wd", "-1"], {}, "--wd -1.0 must be a finite number >= 0"),
+    ("cifar", CIFAR, ["--wd", "nan"], {}, "--wd nan must be a finite number >= 0"),
+    ("cifar", CIFAR, ["--ema", "5"], {}, "--ema 5.0 must be in [0, 1)"),
+    ("cifar", CIFAR, ["--ema", "-0.5"], {}, "--ema -0.5 must be in [0, 1)"),
+    ("cifar", CIFAR, ["--random-erasing", "2"], {}, "--random-erasing 2.0 must be in [0, 1]"),
+    ("cifar", CIFAR, ["--val-split", "-1"], {}, "--val-split -1 must be 0 or more"),
+    ("cifar", CIFAR, ["--warmup-epochs", "-1"], {}, "--warmup-epochs -1.0 must be a finite number >= 0"),
+    ("cifar", CIFAR, ["--download"], {}, "--download with --synthetic makes no sense"),
+    ("cifar", CIFAR, ["--arch", "resnet7"], {}, "--arch 'resnet7' is unknown (choose from resnet18"),
+    ("cifar", CIFAR, ["--compile-mode", "reduce-overhead"], {}, "--compile-mode needs --compile"),
+    ("cifar", CIFAR, ["--dist-timeout", "0"], {}, "--dist-timeout 0.0 must be a number of seconds above 0"),
+    ("cifar", CIFAR, ["--stall-timeout", "-1"], {}, "--stall-timeout -1.0 must be seconds >= 0"),
+    ("cifar", CIFAR, ["--dist-url", "foo://x:1"], {}, "--dist-url foo://x:1 has an unknown scheme"),
+    ("cifar", CIFAR, ["--dist-url", "tcp://host:notaport"], {}, "--dist-url tcp://host:notaport has no valid port"),
+    ("cifar", CIFAR, ["--dist-url", "tcp://localhost:99999"], {}, "--dist-url tcp://localhost:99999 has no valid"),
+    ("cifar", CIFAR, ["--dist-url", "tcp://:29500"], {}, "--dist-url tcp://:29500 names no host"),
+    ("cifar", CIFAR, ["--world-size", "0"], {}, "--world-size 0 must be at least 1"),
+    ("cifar", CIFAR, ["--rank", "-5"], {}, "--rank -5 must be 0 or more"),
+    ("cifar", CIFAR, ["--output-dir", "/proc/forbidden"], {}, "output dir /proc/forbidden is not writable"),
+    ("cifar", CIFAR, ["--output-dir", "{text}"], {}, "is a file (give a directory)"),
+    ("cifar", CIFAR, ["--output-dir", "{text}/run"], {}, "is under the file"),
+    ("cifar", CIFAR, ["--resume", "none"], {}, "--resume none would overwrite the run in"),
+    ("cifar", CIFAR, ["--resume", "{tmp}/nope.pt"], {}, "nope.pt: no such file"),
+    ("cifar", CIFAR, ["--resume", "{text}"], {}, NOT_CKPT),
+    ("cifar", CIFAR, ["--resume", "{json}"], {}, NOT_CKPT),
+    ("cifar", CIFAR, ["--resume", "{yaml}"], {}, NOT_CKPT),
+    ("cifar", CIFAR, ["--resume", "{html}"], {}, NOT_CKPT),
+    ("cifar", CIFAR, ["--resume", "{empty}"], {}, "is not a checkpoint (an empty file"),
+    ("cifar", CIFAR, ["-a", "resnet32"], {}, "does not fit this model (different arch or classes?)"),
+    ("cifar", CIFAR, ["--evaluate", "--output-dir", "{tmp}/o"], {}, "--evaluate needs a checkpoint"),
+    ("cifar", CIFAR, ["--max-steps", "6", "-p", "1", "--lr", "1e30"], {}, "at step 3: stopped before writing"),
+    ("cifar", CIFAR, ["--wandb"], {}, "--wandb: not logged in to Weights & Biases (run `wandb login`"),
+    ("cifar", CIFAR, ["--epochs", "x"], {}, "argument --epochs: invalid int value: 'x'"),
+    ("cifar", CIFAR, ["--lr", "abc"], {}, "argument --lr: invalid float value: 'abc'"),
+    ("cifar", CIFAR, ["--amp", "fp8"], {}, "argument --amp: invalid choice: 'fp8'"),
+    ("cifar", CIFAR, [], {"RANK": "x", "WORLD_SIZE": "2"}, "RANK='x' is not an integer"),
+    ("cifar", CIFAR, [], {"RANK": "0", "WORLD_SIZE": "y"}, "WORLD_SIZE='y' is not an integer"),
+    ("cifar", CIFAR, [], {"RANK": "0", "WORLD_SIZE": "0"}, "world size 0 (from RANK/WORLD_SIZE) must be at least 1"),
+    ("cifar", CIFAR, [], {"RANK": "5", "WORLD_SIZE": "2"}, "rank 5 (from RANK/WORLD_SIZE) is out of range for world"),
+    ("cifar", CIFAR, [], {"RANK": "3", "WORLD_SIZE": "1"}, "rank 3 (from RANK/WORLD_SIZE) is out of range for world"),
+    ("cifar", CIFAR, [], {"RANK": "-1", "WORLD_SIZE": "2"}, "rank -1 (from RANK/WORLD_SIZE) is out of range"),
+    ("cifar", CIFAR, [], {"RANK": "1", "WORLD_SIZE": "2"}, "MASTER_ADDR is not set"),
+    ("cifar", CIFAR, [], {"RANK": "1", **ENV1, "MASTER_PORT": ""}, "MASTER_PORT is not set"),
+    ("cifar", CIFAR, [], {"RANK": "1", **ENV1, "MASTER_PORT": "abc"}, "MASTER_PORT 127.0.0.1:abc has no valid port"),
+    ("cifar", CIFAR, [], {"RANK": "1", **ENV1, "MASTER_PORT": "99999"}, "127.0.0.1:99999 has no valid port"),
+    ("cifar", CIFAR, [], {"RANK": "1", **ENV1, "MASTER_ADDR": "nosuch.invalid"},
+     "cannot resolve host 'nosuch.invalid'"),
+    ("cifar", CIFAR, [], {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "-1"}, "local rank -1 (LOCAL_RANK or"),
+    ("cifar", CIFAR, [], {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "a"}, "LOCAL_RANK='a' is not an integer"),
+    ("cifar", CIFAR, [], {"PMI_RANK": "0", "PMI_SIZE": "two"}, "PMI_SIZE='two' is not an integer"),
+    ("cifar", CIFAR, ["--dist-url", "tcp://nosuch.invalid:29500", "--world-size", "2", "--rank", "1"], {},
+     "rendezvous address tcp://nosuch.invalid:29500: cannot resolve host"),
+    ("cifar", CIFAR, ["--dist-url", "tcp://127.0.0.1:29500", "--world-size", "2"], {}, "--dist-url needs --rank"),
+    ("cifar", CIFAR, ["--dist-url", "tcp://127.0.0.1:29500", "--world-size", "2", "--rank", "2"], {},
+     "rank 2 (from --rank/--world-size) is out of range for world size 2"),
+    ("cifar", ["--data-dir", "/nonexistent", "-j", "0"], [], {}, "no CIFAR-10 at /nonexistent"),
+    ("cifar", ["--data-dir", "{cifar11}", "-j", "0"], [], {}, "train has 11 class folders but the model has 10"),
+    ("cifar", ["--data-dir", "{cifar_corrupt}", "-j", "0"], [], {}, "unreadable image {cifar_corrupt}/train/class3/"),
+    ("cifar", ["--data-dir", "{cifar_evil}", "-j", "0"], [], {}, "it names posix.system, which a CIFAR-10 batch"),
+    ("cifar", ["--data-dir", "{cifar_text}", "-j", "0"], [], {}, "cannot read CIFAR-10 batch"),
+    ("cifar", ["--data-dir", "{cifar_list}", "-j", "0"], [], {}, "data_batch_1 is not a CIFAR-10 batch"),
+    ("cifar", ["--data-dir", "{cifar_label11}", "-j", "0"], [], {}, "data_batch_1 is not a CIFAR-10 batch"),
+    ("cifar", ["--data-dir", "{cifar10}", "-j", "0", "-b", "16"], [], {}, "global batch 16 is larger than the 10 "),
+    # ---- imagenet
+    ("imagenet", INET, ["--train-crop-size", "-5"], {}, "--train-crop-size -5 must be at least 1"),
+    ("imagenet", INET, ["--train-crop-size", "0"], {}, "--train-crop-size 0 must be at least 1"),
+    ("imagenet", INET, ["--val-crop-size", "0"], {}, "--val-crop-size 0 must be at least 1"),
+    ("imagenet", INET, ["--val-resize-size", "-1"], {}, "--val-resize-size -1 must be at least 1"),
+    ("imagenet", INET, ["--weights", "IMAGENET1K_V2"], {}, "--weights IMAGENET1K_V2 needs --pretrained"),
+    ("imagenet", INET, ["--ema-decay", "1.5"], {}, "--ema-decay 1.5 must be in [0, 1)"),
+    ("imagenet", INET, ["--mixup-alpha", "-1"], {}, "--mixup-alpha -1.0 must be a finite number >= 0"),
+    ("imagenet", INET, ["--cutmix-alpha", "nan"], {}, "--cutmix-alpha nan must be a finite number >= 0"),
+    ("imagenet", INET, ["--lr-gamma", "0"], {}, "--lr-gamma 0.0 must be above 0"),
+    ("imagenet", INET, ["--lr-step-size", "0"], {}, "--lr-step-size 0 must be at least 1"),
+    ("imagenet", INET, ["--start-epoch", "5", "--epochs", "3"], {}, "--start-epoch 5 must be in 0..2"),
+    ("imagenet", ["--dummy"], ["--dummy-sizes", "0", "5"], {}, "--dummy-sizes 0 5 must be at least 1"),
+    ("imagenet", INET, ["--nproc-per-node", "0"], {}, "--nproc-per-node 0 must be at least 1"),
+    ("imagenet", INET, ["--gpu", "-1"], {}, "--gpu -1 must be 0 or more"),
+    ("imagenet", INET, ["--momentum", "-1"], {}, "--momentum -1.0 must be in [0, 1)"),
+    ("imagenet", INET, ["--lr", "nan"], {}, "--lr nan must be a finite number above 0"),
+    ("imagenet", INET, ["-p", "0"], {}, "-p/--print-freq 0 must be at least 1"),
+    ("imagenet", INET, ["--epochs", "0"], {}, "--epochs 0 must be at least 1"),
+    ("imagenet", INET, ["--label-smoothing", "1"], {}, "--label-smoothing 1.0 must be in [0, 1)"),
+    ("imagenet", INET, ["--resume", "{yaml}"], {}, NOT_CKPT),
+    ("imagenet", INET, ["--resume", "none"], {}, "--resume none would overwrite the run in"),
+    ("imagenet", INET, [], {"RANK": "5", "WORLD_SIZE": "2"}, "rank 5 (from RANK/WORLD_SIZE) is out of range"),
+    ("imagenet", ["{text}"], [], {}, "is a file (give the folder that holds train/ and val/)"),
+    ("imagenet", ["{inet_empty}"], [], {}, "has no train/ folder"),
+    ("imagenet", ["{inet_flat}"], [], {}, "has no class folders (ImageNet's val/ ships flat"),
+    ("imagenet", ["{inet_mixed}"], [], {}, "they must match; first difference: a"),
+    ("imagenet", ["{tmp}/nope"], [], {}, "does not exist"),
+    ("imagenet", [], [], {}, "DATA is required"),
+    ("imagenet", ["{inet}", "--gpu", "0"], [], {}, "no CUDA GPU"),
+    ("imagenet", ["{inet}", "--multiprocessing-distributed", "--world-size", "2"], [], {},
+     "several nodes need --dist-url"),
+    ("imagenet", ["{inet}", "-e", "--resume", "none", "--output-dir", "{tmp}/o"], [], {}, "-e needs weights"),
+    ("imagenet", ["{inet}", "--compile-mode", "reduce-overhead"], [], {}, "--compile-mode needs --compile"),
+    ("imagenet", ["{inet}", "--resume", "nope.pt"], [], {}, "--resume nope.pt: no such file"),
+    ("imagenet", ["--dummy", "--pretrained", "-a", "resnet18", "-e"], [], {"TORCH_HOME": "{tmp}/th"},
+     "--pretrained: cannot download"),
+    ("imagenet", ["{inet}", "-a", "resnet18"], [], {}, "global batch 256 is larger than the 37"),
+    ("imagenet", ["{inet}", "-a", "resnet9000"], [], {}, "unknown --arch 'resnet9000' (did you mean"),
+    ("imagenet", ["{inet_bad}", *INET[1:], "--output-dir", "{tmp}/o"], [], {},
+     "unreadable image {inet_bad}/train/class0/00002.jpg (not an image"),
+    # ---- transformer
+    ("transformer", TR, ["--heads", "3"], {}, "--heads 3 does not divide the width 64"),
+    ("transformer", TR, ["--d-model", "0"], {}, "--d-model 0 must be at least 1"),
+    ("transformer", TR, ["--layers", "0"], {}, "--layers 0 must be at least 1"),
+    ("transformer", TR, ["--dropout", "1.5"], {}, "--dropout 1.5 must be in [0, 1)"),
+    ("transformer", TR, ["--max-len", "0"], {}, "--max-len 0 must be in 1..1023"),
+    ("transformer", TR, ["--max-len", "5000"], {}, "--max-len 5000 must be in 1..1023"),
+    ("transformer", TR, ["--max-tokens", "0"], {}, "--max-tokens 0 must be at least 1"),
+    ("transformer", TR, ["--pack-len", "0"], {}, "--pack-len 0 must be at least 1"),
+    ("transformer", TR, ["--beam", "0"], {}, "--beam 0 must be at least 1"),
+    ("transformer", TR, ["--vocab-size", "2"], {}, "--vocab-size 2 must be at least 8"),
+    ("transformer", TR, ["--warmup-steps", "-1"], {}, "--warmup-steps -1 must be 0 or more"),
+    ("transformer", TR, ["--clip-grad", "-1"], {}, "--clip-grad -1.0 must be >= 0"),
+    ("transformer", TR, ["--lr", "-1"], {}, "--lr -1.0 must be a finite number above 0"),
+    ("transformer", TR, ["--label-smoothing", "2"], {}, "--label-smoothing 2.0 must be in [0, 1)"),
+    ("transformer", TR, ["-p", "0"], {}, "-p/--print-freq 0 must be at least 1"),
+    ("transformer", TR, ["--epochs", "0"], {}, "--epochs 0 must be at least 1"),
+    ("transformer", TR, ["--samples", "-1"], {}, "--samples -1 must be 0 or more"),
+    ("transformer", TR, ["--val-split", "-1"], {}, "--val-split -1 must be 0 or more"),
+    ("transformer", TR, ["--resume", "{html}"], {}, NOT_CKPT),
+    ("transformer", TR, ["--resume", "none"], {}, "--resume none would overwrite the run in"),
+    ("transformer", TR, ["--compile-mode", "reduce-overhead"], {}, "--compile-mode needs --compile"),
+    ("transformer", TR, ["--dist-url", "127.0.0.1:29500"], {}, "--dist-url 127.0.0.1:29500 has an unknown scheme"),
+    ("transformer", TR, [], {"RANK": "1", **ENV1, "MASTER_PORT": "0"}, "127.0.0.1:0 has no valid port"),
+    ("transformer", ["--data", "{tmp}/nope", "-j", "0"], [], {}, "no such directory"),
+    ("transformer", ["--data", "{corpus}", "--lang-src", "fr", "--lang-tgt", "en"], [], {}, "languages found: de, en"),
+    ("transformer", ["--data", "{corpus_latin1}", "--lang-src", "de", "--lang-tgt", "en"], [], {},
+     "train.de: not UTF-8 (invalid start byte at byte 2) (convert it, e.g. iconv"),
+    ("transformer", ["--data", "{corpus_badgz}", "--lang-src", "de", "--lang-tgt", "en"], [], {},
+     "train.de.gz: Not a gzipped file"),
+    ("transformer", ["--data", "{corpus_empty}", "--lang-src", "de", "--lang-tgt", "en"], [], {},
+     "every training pair has an empty side"),
+    # ---- translate
+    ("translate", ["--checkpoint", "{text}", "hallo"], [], {}, NOT_CKPT),
+    ("translate", ["--checkpoint", "{json}", "hallo"], [], {}, NOT_CKPT),
+    ("translate", ["--checkpoint", "{yaml}", "hallo"], [], {}, NOT_CKPT),
+    ("translate", ["--checkpoint", "{html}", "hallo"], [], {}, NOT_CKPT),
+    ("translate", ["--checkpoint", "{empty}", "hallo"], [], {}, "is not a checkpoint (an empty file"),
+    ("translate", ["--checkpoint", "{tmp}/nope.pt", "hallo"], [], {}, "checkpoint not found"),
+    ("translate", ["--checkpoint", "{good}/last.pt", "hallo"], [], {}, "is not a transformer/train.py checkpoint"),
+    ("translate", ["--checkpoint", "x.pt", "--output", "{tmp}", "hallo"], [], {}, "is a directory (name a file"),
+    ("translate", ["--checkpoint", "x.pt", "--output", "{text}/out.txt", "hallo"], [], {}, "is under the file"),
+    ("translate", ["--checkpoint", "x.pt", "--device", "tpu9", "hallo"], [], {}, "--device tpu9 is not a device"),
+    ("translate", ["--checkpoint", "x.pt", "--device", "cuda", "hallo"], [], {}, "but 0 CUDA GPU(s) are visible"),
+    ("translate", ["--checkpoint", "x.pt", "--device", "cuda:3", "hallo"], [], {}, "--device cuda:3 but 0 CUDA"),
+    ("translate", ["--checkpoint", "x.pt", "--device", "meta", "hallo"], [], {}, "--device meta is not supported"),
+    ("translate", ["--checkpoint", "x.pt", "--beam", "0", "hallo"], [], {}, "--beam 0 must be at least 1"),
+    ("translate", ["--checkpoint", "x.pt", "--max-tokens", "-1", "hi"], [], {}, "--max-tokens -1 must be at least 1"),
+    ("translate", ["--checkpoint", "x.pt", "--input", "{text}", "hallo"], [], {}, "not both"),
+    ("translate", ["--checkpoint", "x.pt", "--beam", "x"], [], {}, "argument --beam: invalid int value: 'x'"),
+    ("translate", ["hallo"], [], {}, "the following arguments are required: --checkpoint"),
+    # ---- doctor
+    ("doctor", DOCTOR, ["--size-mb", "0"], {}, "--size-mb 0.0 must be above 0"),
+    ("doctor", DOCTOR, ["--size-mb", "nan"], {}, "--size-mb nan must be above 0"),
+    ("doctor", DOCTOR, ["--iters", "0"], {}, "--iters 0 must be at least 1"),
+    ("doctor", DOCTOR, ["--warmup", "-1"], {}, "--warmup -1 must be 0 or more"),
+    ("doctor", DOCTOR, ["--dist-timeout", "-5"], {}, "--dist-timeout -5.0 must be a number of seconds above 0"),
+    ("doctor", DOCTOR, ["--dist-url", "foo://bar"], {}, "--dist-url foo://bar has an unknown scheme"),
+    ("doctor", DOCTOR, ["--size-mb", "x"], {}, "argument --size-mb: invalid float value: 'x'"),
+    ("doctor", DOCTOR, [], {"RANK": "x", "WORLD_SIZE": "2"}, "RANK='x' is not an integer"),
+    ("doctor", DOCTOR, [], {"RANK": "5", "WORLD_SIZE": "2"}, "rank 5 (from RANK/WORLD_SIZE) is out of range"),
+    ("doctor", DOCTOR, [], {"RANK": "0", "WORLD_SIZE": "0"}, "world size 0 (from RANK/WORLD_SIZE) must be at least"),
+    ("doctor", DOCTOR, [], {"RANK": "0", **ENV1, "MASTER_PORT": "99999"}, "127.0.0.1:99999 has no valid port"),
+    ("doctor", DOCTOR, [], {"RANK": "1", **ENV1, "MASTER_ADDR": ""}, "MASTER_ADDR is not set"),
+]
+# fmt: on
+
+
+def case_id(i: int, case) -> str:
+    script, _, extra, env, want = case
+    return f"{i:03d}-{script}:{' '.join(extra) or ' '.join(f'{k}={v}' for k, v in env.items()) or want[:30]}"
+
+
+def sha(path: Path) -> tuple[str, int]:
+    return hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mtime_ns
+
+
+class Evil:
+    """A pickle that would create a file when loaded."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory) -> dict[str, Path]:
+    """A finished cifar run ({good}), files that are not checkpoints, broken datasets of each kind."""
+    root = tmp_path_factory.mktemp("bad")
+    p = {"good": root / "good", "evil_marker": root / "evil_ran"}
+    entry(["cifar_resnet/train.py", *CIFAR, "--max-steps", "1", "--output-dir", str(p["good"])], {})
+    for name, text in (("text", "hello\n"), ("json", '{"model": 1}'), ("yaml", "model: 1\n"),
+                       ("html", "<html><body>404</body></html>"), ("empty", "")):  # fmt: skip
+        p[name] = root / f"file.{name}"
+        p[name].write_text(text)
+    p["cifar11"] = make_jpeg_imagefolder(root / "cifar11", {"train": 11, "test": 11}, classes=11)
+    p["cifar10"] = make_cifar_pickles(root / "cifar10", n_train=10, n_test=5)
+    p["cifar_corrupt"] = make_jpeg_imagefolder(root / "cifar_corrupt", {"train": 10, "test": 10}, classes=10)
+    (p["cifar_corrupt"] / "train" / "class3" / "00003.jpg").write_bytes(b"not a jpeg")
+    label11 = {"data": np.zeros((2, 3072), np.uint8), "labels": [0, 11]}
+    for name, content in (("evil", pickle.dumps(Evil(p["evil_marker"]))), ("text", b"batch 1\n"),
+                          ("list", pickle.dumps([1, 2, 3])), ("label11", pickle.dumps(label11))):  # fmt: skip
+        p[f"cifar_{name}"] = make_cifar_pickles(root / f"cifar_{name}", n_train=10, n_test=5)
+        (p[f"cifar_{name}"] / "cifar-10-batches-py" / "data_batch_1").write_bytes(content)
+    p["inet"] = make_jpeg_imagefolder(root / "inet", {"train": 37, "val": 6}, classes=6, size=41)
+    p["inet_empty"], p["inet_flat"], p["inet_mixed"] = root / "inet_empty", root / "inet_flat", root / "inet_mixed"
+    p["inet_empty"].mkdir()
+    (p["inet_flat"] / "train" / "n01440764").mkdir(parents=True)
+    (p["inet_flat"] / "val").mkdir()
+    (p["inet_flat"] / "val" / "ILSVRC2012_val_00000001.JPEG").write_bytes(b"")
+    (p["inet_mixed"] / "train" / "a").mkdir(parents=True)
+    (p["inet_mixed"] / "val" / "b").mkdir(parents=True)
+    p["inet_bad"] = make_jpeg_imagefolder(root / "inet_bad", {"train": 8, "val": 5}, classes=2, size=35)
+    (p["inet_bad"] / "train" / "class0" / "00002.jpg").write_bytes(b"GIF89a, or not")
+    from transformer.data import synthetic_corpus
+
+    pairs = synthetic_corpus(0, (40, 0, 0))["train"]
+    for name, de, en in (("corpus", pairs[0], pairs[1]), ("corpus_latin1", ["Gr\xfc\xdfe"] * 40, pairs[1]),
+                         ("corpus_empty", [""] * 40, pairs[1]), ("corpus_badgz", None, pairs[1])):  # fmt: skip
+        d = p[name] = root / name
+        d.mkdir()
+        (d / "train.en").write_text("\n".join(en) + "\n")
+        if name == "corpus_badgz":
+            (d / "train.de.gz").write_bytes(b"not gzip at all")
+        else:
+            (d / "train.de").write_bytes(("\n".join(de) + "\n").encode("latin1" if "latin1" in name else "utf-8"))
+    return p
+
+
+def entry(argv: list[str], env: dict[str, str], timeout: int = 60) -> None:
+    """``python SCRIPT ARGV`` as __main__ runs it, in this process, with ``env`` set and the launcher's unset;
+    a run past ``timeout`` seconds is a hang."""
+    script = {"cifar_resnet/train.py": "cifar", "imagenet/train.py": "imagenet", "transformer/train.py": "transformer",
+              "transformer/translate.py": "translate", "common/doctor.py": "doctor"}[argv[0]]  # fmt: skip
+    name, main = ENTRY[script]
+    mod = importlib.import_module(name)
+    saved_env, saved_argv = dict(os.environ), sys.argv
+    for k in LAUNCH_VARS:
+        os.environ.pop(k, None)
+    os.environ.update(env)
+    sys.argv = argv
+
+    def hang(*_):
+        raise TimeoutError(f"{' '.join(argv)} ran past {timeout}s")
+
+    old = signal.signal(signal.SIGALRM, hang)
+    signal.alarm(timeout)
+    try:
+        mod.run_cli(main(mod))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        sys.argv = saved_argv
+
+
+SCRIPT_PATH = {"cifar": "cifar_resnet/train.py", "imagenet": "imagenet/train.py", "transformer": "transformer/train.py",
+               "translate": "transformer/translate.py", "doctor": "common/doctor.py"}  # fmt: skip
+
+
+def one_error_line(code, err: str, want: str) -> str:
+    """Exit 2 and one error line holding ``want``; nothing else on stderr but argparse's usage lines."""
+    lines = [ln for ln in err.splitlines() if ERROR_LINE.match(ln)]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, (code, err[-3000:])
+    assert want in lines[0], (want, lines[0])
+    assert lines[0].startswith("error: ") == (err.strip() == lines[0]), err[-3000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case_id(i, c) for i, c in enumerate(CASES)])
+def test_bad_input_is_one_error_line(case, paths, tmp_path, capsys):
+    script, base, extra, env, want = case
+    fill = lambda s: s.format(**paths, tmp=tmp_path)  # noqa: E731
+    argv = [fill(a) for a in [*base, *extra]]
+    if script in ("cifar", "imagenet", "transformer") and "--output-dir" not in argv:
+        argv += ["--output-dir", str(paths["good"])]
+    good = sha(paths["good"] / "last.pt")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        entry([SCRIPT_PATH[script], *argv], {k: fill(v) for k, v in env.items()})
+    one_error_line(e.value.code, capsys.readouterr().err, fill(want))
+    assert sha(paths["good"] / "last.pt") == good  # not rewritten, not even touched
+    assert not paths["evil_marker"].exists()  # no pickle ran code
+
+
+def test_suspicious_data_warns_and_trains(paths, tmp_path, capsys):
+    """Warnings, once, and the run goes on: a CIFAR set and an ImageFolder of one class; a corpus with empty pairs
+    and a 2 MB line without spaces (dropped, and counted, before the tokenizer trains: BPE would take minutes over
+    it)."""
+    one = make_cifar_pickles(tmp_path / "one", n_train=10, n_test=5)
+    for f in (one / "cifar-10-batches-py").glob("*_batch*"):
+        d = pickle.loads(f.read_bytes())
+        f.write_bytes(pickle.dumps({**d, "labels": [0] * len(d["labels"])}))
+    entry(["cifar_resnet/train.py", "--data-dir", str(one), "-a", "resnet20", "-b", "4", "-j", "0",
+           "--max-steps", "1", "--eval-every", "0", "--output-dir", str(tmp_path / "o1")], {})  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and "has label 0: one class trains to a loss of 0" in err, err
+    inet = make_jpeg_imagefolder(tmp_path / "inet1", {"train": 4, "val": 2}, classes=1, size=35)
+    entry(["imagenet/train.py", str(inet), *INET[1:], "-b", "2", "--max-steps", "1", "--eval-every", "0",
+           "--output-dir", str(tmp_path / "o0")], {})  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and "holds one class: it trains to a loss of 0" in err, err
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    from transformer.data import synthetic_corpus
+
+    de, en = synthetic_corpus(0, (60, 0, 0))["train"]
+    de[5], en[7], de[9] = "", "", "x" * 2_000_000
+    (corpus / "train.de").write_text("\n".join(de) + "\n")
+    (corpus / "train.en").write_text("\n".join(en) + "\n")
+    entry(["transformer/train.py", "--data", str(corpus), "--lang-src", "de", "--lang-tgt", "en", "--preset", "tiny",
+           "--layers", "1", "--vocab-size", "300", "--max-steps", "1", "--eval-every", "0", "-j", "0",
+           "--output-dir", str(tmp_path / "o2")], {}, timeout=30)  # fmt: skip
+    out, err = capsys.readouterr()
+    assert out.count("dropped 1 training pairs over 4096 characters") == 1, out
+    assert err.count("warning:") == 1 and "2 of " in err and "pairs have an empty side" in err, err
+    assert all((tmp_path / o / "last.pt").exists() for o in ("o0", "o1", "o2"))
+
+
+def test_bad_launch_in_real_processes(paths, tmp_path):
+    """What needs real processes, in one parallel batch: a rendezvous that times out (one line, no C++ frames), an
+    address that does not resolve (one line at once, not after --dist-timeout), a bad RANK under the doctor, an
+    argparse error from the command line, the Hub offline."""
+    port = free_port()
+    cifar = [PY, "cifar_resnet/train.py", *CIFAR, "--output-dir", str(tmp_path / "o")]
+    cases = [
+        (
+            [*cifar, "--dist-timeout", "3"],
+            {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+            "failed after 3s",
+        ),  # fmt: skip
+        (
+            [*cifar, "--dist-url", "tcp://nosuch.invalid:29500", "--world-size", "2", "--rank", "1"],
+            {},
+            "cannot resolve host 'nosuch.invalid'",
+        ),
+        ([PY, "common/doctor.py"], {"RANK": "x", "WORLD_SIZE": "2"}, "RANK='x' is not an integer"),
+        ([*cifar, "--epochs", "x"], {}, "argument --epochs: invalid int value: 'x'"),
+        (
+            [PY, "transformer/train.py", "--data", "opus_books", "--output-dir", str(tmp_path / "t")],
+            {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
+            "HF_DATASETS_OFFLINE",
+        ),
+    ]
+    base = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    t0 = time.time()
+    procs = [subprocess.Popen(cmd, cwd=REPO, env={**base, "OMP_NUM_THREADS": "1", **env}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for cmd, env, _ in cases]  # fmt: skip
+    for p, (_, _, want) in zip(procs, cases):
+        _, err = p.communicate(timeout=60)
+        one_error_line(p.returncode, err, want)
+    assert time.time() - t0 < 40  # the unresolvable address fails at once: --dist-timeout is 600 s
+
+
+def test_the_table_covers_every_entry_point():
+    assert len(CASES) >= 100 and {c[0] for c in CASES} == set(ENTRY)
