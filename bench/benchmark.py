@@ -679,21 +679,14 @@ def to_markdown(env: dict, rows: list[dict]) -> str:
     cols = [c for c in cols if any(c in r for r in rows)]
     lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
-        cells = []
-        for c in cols:
-            v = r.get(c)
-            v = "" if v is None else v
-            cells.append(
-                f"{v:,.0f}"
-                if isinstance(v, float) and v > 100
-                else f"{v:.3g}"
-                if isinstance(v, float)
-                else f"`{v}`"
-                if c == "cmd" and v
-                else str(v)
-            )
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(cell(c, r.get(c)) for c in cols) + " |")
     return "\n".join(lines) + "\n"
+
+
+def cell(col: str, v) -> str:
+    if isinstance(v, float):
+        return f"{v:,.0f}" if v > 100 else f"{v:.3g}"
+    return "" if v is None else f"`{v}`" if col == "cmd" and v else str(v)
 
 
 def main() -> None:
