@@ -25,10 +25,11 @@ from statistics import median as med
 
 REPO = Path(__file__).resolve().parent.parent
 RUNS = REPO / "docs" / "runs"
-R, B = "README.md", "BENCHMARKS.md"
+R, B, IN = "README.md", "BENCHMARKS.md", "imagenet/README.md"
 NOT_FROM_LOGS = {  # figures a doc quotes from elsewhere (papers, constants of a table)
     R: ["76.13%", "77.1%"],
     B: ["100%"] * 3 + ["91.25%", "93.03%", "20%"],
+    IN: ["80.9%"],
 }
 UNIT = re.compile(r"\d[\d,.]*\s?(?:%|img/s|tok/s|tokens/s)")
 
@@ -188,6 +189,12 @@ def figures() -> list[tuple]:
         (B, "| 1 | {:,.0f} | — |", m8[0]), (B, "| 2 | {:,.0f} | **{:.1f}%** |", m8[1], eff(m8[1], m8[0], 2)),
         (B, "| {:.2f} at epoch 20, {:.2f} at 60, best **{:.2f}** |", val(bleu1, "bleu", 20), val(bleu1, "bleu", 60), best(bleu1)), (B, "| **{:.2f}** at epoch 40 |", val(ende, "bleu", 40)),
         *[(B, "| " + ("**{:.2f}**" if k == "d04_t8k" else "{:.2f}") + " | {:.2f} | [", best(x), val(x, "bleu", 60)) for k, x in bleu.items()],
+        # imagenet/README.md
+        (IN, "trains at {:,.0f} img/s with `--gpu-decode`, {:.1f}% of `--dummy` ({:,.0f}) and {:.2f}× the\npytorch/examples configuration ({:,.0f}), with {:.1f} CPU cores",
+         ji["tg"], 100 * ji["tg"] / ji["dg"], ji["dg"], ji["tg"] / ji["ex"], ji["ex"], jpeg(j["tg"], "cpu_cores")),
+        (IN, "without CUDA graphs {:,.0f} img/s ({:.1f}% of", ji["tv"], 100 * ji["tv"] / ji["dm"]), (IN, "graphs gave only {:,.0f} img/s.", ji["t8"]),
+        (IN, "keeps {:.1f}% per GPU ({:.1f}% without the windows where an epoch starts), against {:.1f}% for `--dummy`",
+         eff(js["gpu_decode2"], js["gpu_decode1"], 2), eff(tv_steady[1], tv_steady[0], 2), eff(js["dummy2"], js["dummy1"], 2)),
         # BENCHMARKS.md, process start-up
         *[(B, "| {:.2f} s | {:.2f} s | {:.0f}% | {:.0f} / {:.1f} ms |", on["cpu_median_s"], off["cpu_median_s"], 100 * (1 - off["cpu_median_s"] / on["cpu_median_s"]),
            on["collect_ms_median"], off["collect_ms_median"]) for on, off in ((st[s, "gc on"], st[s, "gc off, frozen"]) for s in ("cifar_resnet", "imagenet", "transformer"))],

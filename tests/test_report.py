@@ -1,4 +1,4 @@
-"""Every figure README.md and BENCHMARKS.md quote from a run log is what bench/report.py reads from docs/runs."""
+"""Every figure the docs quote from a run log is what bench/report.py reads from docs/runs."""
 
 import importlib.util
 import re
@@ -8,8 +8,8 @@ from tests.conftest import PY, REPO, run
 
 
 def copy_docs(dst):
-    """The two documents, the check and the logs it reads, as in the repository."""
-    for name in ("README.md", "BENCHMARKS.md", "bench/report.py", "docs/runs"):
+    """The checked documents, the check and the logs it reads, as in the repository."""
+    for name in ("README.md", "BENCHMARKS.md", "imagenet/README.md", "bench/report.py", "docs/runs"):
         src, to = REPO / name, dst / name
         to.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if src.is_dir() else shutil.copy)(src, to)
