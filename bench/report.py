@@ -1,16 +1,11 @@
-"""Check that every figure the docs quote from a run log is what the log in docs/runs gives (stdlib only).
+"""``python bench/report.py``: exit 1 unless every figure the docs quote from a log in docs/runs is what it gives.
 
-    python bench/report.py      # exit 1 naming each figure that is not in its doc as the logs give it (CI runs it)
-
-The docs are Markdown written by hand. Each figure they quote from a log is one entry of ``figures()``:
-``(doc, text, values)``, the text as the doc prints it with ``{}`` fields (``"{:,.0f} img/s"``) and the values
-read from the logs by the readers below. The check fills in the text and counts it in the doc: it must be there
-exactly as often as it is listed (a figure quoted twice is listed twice, bold markers belong to the text). So a
-figure edited by hand fails, and so does a changed log. Every number with %, img/s or tok(en)s/s in a checked doc
-must lie inside a checked figure, or be a literal of ``NOT_FROM_LOGS``; every link into docs/runs must exist.
-
-Adding a figure: commit its log (docs/runs/WORKLOAD_CONFIG_HARDWARE.jsonl), write the figure into the doc, and
-add its entry, e.g. ``(B, "{:,.0f} img/s", median("rn50_bf16_cl_eager_8xh100.jsonl"))``.
+The docs are Markdown written by hand. Each figure they quote from a log is one entry of ``figures()``: (doc, the
+text as the doc prints it with ``{}`` fields, the values read from the logs). The check fills in the text and counts
+it in the doc: exactly as often as listed (bold markers belong to the text). So a figure edited by hand fails, and
+so does a changed log. Every number with %, img/s or tok(en)s/s in a checked doc must lie inside a checked figure or
+be in ``NOT_FROM_LOGS``; every link into docs/runs must exist. A new figure: commit its log, write the figure into
+the doc, add its entry, e.g. ``(B, "{:,.0f} img/s", median("rn50_bf16_cl_eager_8xh100.jsonl"))``.
 """
 
 from __future__ import annotations
@@ -26,11 +21,8 @@ from statistics import median as med
 REPO = Path(__file__).resolve().parent.parent
 RUNS = REPO / "docs" / "runs"
 R, B, IN = "README.md", "BENCHMARKS.md", "imagenet/README.md"
-NOT_FROM_LOGS = {  # figures a doc quotes from elsewhere (papers, constants of a table)
-    R: ["76.13%", "77.1%"],
-    B: ["100%"] * 3 + ["91.25%", "93.03%", "20%"],
-    IN: ["80.9%"],
-}
+# figures a doc quotes from elsewhere (papers, constants of a table)
+NOT_FROM_LOGS = {R: ["76.13%", "77.1%"], B: ["100%"] * 3 + ["91.25%", "93.03%", "20%"], IN: ["80.9%"]}
 UNIT = re.compile(r"\d[\d,.]*\s?(?:%|img/s|tok/s|tokens/s)")
 
 
