@@ -4,11 +4,8 @@
     python bench/benchmark.py --only resnet50,cifar --out o   # a subset
     python bench/benchmark.py --tiny --out o                  # CPU smoke mode (CI runs this so it cannot rot)
 
-All parts together take more than 10 minutes: on one H200 the two compiled ResNet-50 rows took about
-3 min, the transformer part about 4 min, and the jpeg part's seven rows 420 s with --no-jpeg-profile (each
-decoder's profile adds about half a minute). A compiled transformer `base` script run compiles for about a minute
-on an H100 (one static shape; 133 s for a 70-step run on Multi30k x 8). Run the parts separately (--only);
-bench/reproduce.sh runs them as BENCHMARKS.md reports them.
+All parts together take more than 10 minutes on one GPU: run them separately (--only); bench/reproduce.sh runs
+them as BENCHMARKS.md reports them.
 
 Writes ``OUT/results.json`` and ``OUT/results.md``: device, GPU count, torch/CUDA versions, and for every row the
 exact command (script rows) or the baseline it is (bare rows). Each script row is measured in the same run as
@@ -341,8 +338,8 @@ def make_jpeg_folder(root: Path, n_train: int, n_val: int, size=(500, 375), clas
     return sum(sizes) / len(sizes)
 
 
-def pixel_check(root: Path, device: torch.device, decoder: str, tmp: Path) -> dict:
-    """Decode files with ``GpuTransform``'s decoders and compare with Pillow (mean absolute difference, 8-bit
+def pixel_check(root: Path, device: torch.device, tmp: Path) -> dict:
+    """Decode files as ``GpuTransform`` does and compare with Pillow (mean absolute difference, 8-bit
     levels): 32 of the benchmark's files plus one each of progressive, grayscale, CMYK and PNG-named-.jpg, which
     take the fallback decoders. Returns the worst difference and the images each decoder took."""
     import numpy as np
@@ -361,117 +358,19 @@ def pixel_check(root: Path, device: torch.device, decoder: str, tmp: Path) -> di
     for name, im, kw in specials:
         im.save(tmp / name, **kw)
         files.append(str(tmp / name))
-    tf = GpuTransform(device, 224, decoder=decoder)
+    tf = GpuTransform(device, 224)
     ds = EncodedImages([(f, 0) for f in files])
     pillow = [torch.from_numpy(np.array(PIL.Image.open(f).convert("RGB"))).permute(2, 0, 1).float() for f in files]
-    images, keep, bad = decode(collate_encoded([ds[i] for i in range(len(files))]), device, tf.nvdec, tf.counts)
+    images, keep, bad = decode(collate_encoded([ds[i] for i in range(len(files))]), device, tf.counts)
     mads = [(img.cpu().float() - pillow[k]).abs().mean().item() for img, k in zip(images, keep)]
     return {"max_mad_vs_pillow": max(mads), "decoded": len(images), "of": len(files), "bad": bad, **tf.counts}
 
 
-def profile_gpu_decode(args, root: Path, device, decoder: str, steps: int = 8) -> dict:
-    """Where the GPU time goes with --gpu-decode: a compiled bf16 ResNet-50 step fed by the real pipeline
-    (DataLoader of file bytes, GpuTransform, prefetch's side stream) under torch.profiler, against the same
-    step on one resident batch. Kernel time is summed per CUDA stream from the trace: the training stream, the
-    side stream's crops and resizes, and the decoder's own streams. Writes the summary and the trace to --out."""
-    import torchvision
-    from torch.profiler import ProfilerActivity, profile
-
-    from common.data import ResumableDistributedSampler
-    from imagenet.gpu_decode import EncodedImages, GpuTransform, collate_encoded, prefetch
-
-    ds = torchvision.datasets.ImageFolder(str(root / "train"))
-    sampler = ResumableDistributedSampler(len(ds), seed=0)
-    loader = torch.utils.data.DataLoader(
-        EncodedImages(ds.samples, 0), args.rn50_batch, sampler=sampler, num_workers=args.gpu_decode_workers,
-        collate_fn=collate_encoded, pin_memory=True, drop_last=True, persistent_workers=True,
-    )  # fmt: skip
-    model = torchvision.models.resnet50(num_classes=len(ds.classes)).to(device, memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    fwd = torch.compile(model)
-
-    def step(x, y):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            F.cross_entropy(fwd(x), y).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    x = torch.randn(args.rn50_batch, 3, 224, 224, device=device).contiguous(memory_format=torch.channels_last)
-    y = torch.randint(0, len(ds.classes), (args.rn50_batch,), device=device)
-    for _ in range(3):  # compile and warm up
-        step(x, y)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(2 * steps):
-        step(x, y)
-    torch.cuda.synchronize()
-    resident = (time.perf_counter() - t0) / (2 * steps)
-
-    def fed(batches, n: int) -> float:  # wall seconds per step of n steps fed by the pipeline, after 3 warm-up steps
-        for i in range(3 + n):
-            if i == 3:
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-            x, y, _ = next(batches)
-            step(x, y)
-        torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / n
-
-    # prefetch's threads and side-stream priority (-1: high), the default (GpuTransform.threads) among them
-    by_prefetch = {}
-    for threads, priority in ((1, 0), (2, 0), (3, 0), (2, -1)) if decoder == "nvimgcodec" else ((1, 0), (2, 0)):
-        batches = prefetch(loader, GpuTransform(device, 224, decoder=decoder), threads=threads, priority=priority)
-        by_prefetch[f"threads {threads}, priority {priority}"] = round(fed(batches, 2 * steps) * 1e3, 2)
-        batches.close()
-    batches = prefetch(loader, GpuTransform(device, 224, decoder=decoder))
-    fed(batches, 2)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        wall = fed(batches, steps)
-    batches.close()
-    # one GpuTransform call alone, on an idle GPU and behind ~200 ms of matmuls: does decoding wait for them?
-    tf, side, host_ms = GpuTransform(device, 224, decoder=decoder), torch.cuda.Stream(device), {}
-    batch = next(iter(loader))
-    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-    for busy in (False, True) * 3:
-        torch.cuda.synchronize()
-        for _ in range(180 if busy else 0):  # about 1.5 ms each on an H100
-            a @ a
-        t0 = time.perf_counter()
-        with torch.cuda.stream(side):
-            tf(batch)
-        host_ms.setdefault("behind 180 matmuls" if busy else "idle", []).append((time.perf_counter() - t0) * 1e3)
-    torch.cuda.synchronize()
-    trace = Path(args.out) / f"trace_gpu_decode_{decoder}.json"
-    prof.export_chrome_trace(str(trace))
-    per_stream: dict = {}
-    for e in json.loads(trace.read_text())["traceEvents"]:
-        if e.get("cat") == "kernel":
-            sid = e["args"].get("stream")
-            per_stream[sid] = per_stream.get(sid, 0.0) + e["dur"] / 1e3 / (3 + steps)  # fed()'s warm-up too
-    main_ms = max(per_stream.values()) if per_stream else 0.0  # the training stream has by far the most
-    summary = {
-        "wall_ms_per_step": round(wall * 1e3, 2),  # under the profiler, with the default prefetch
-        "resident_batch_ms_per_step": round(resident * 1e3, 2),
-        "wall_ms_per_step_by_prefetch": by_prefetch,  # without the profiler
-        "transform_host_ms": {k: round(statistics.median(v), 1) for k, v in host_ms.items()},
-        "kernel_ms_per_step_by_stream": {
-            str(k): round(v, 2) for k, v in sorted(per_stream.items(), key=lambda kv: -kv[1])
-        },
-        "training_stream_kernel_ms": round(main_ms, 2),
-        "other_streams_kernel_ms": round(sum(per_stream.values()) - main_ms, 2),
-    }
-    top = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25)
-    (Path(args.out) / f"profile_gpu_decode_{decoder}.txt").write_text(json.dumps(summary, indent=1) + "\n" + top)
-    print(json.dumps(summary), file=sys.stderr)
-    return summary
-
-
 def bench_jpeg(args, device, rows):
     """ResNet-50 on real JPEG files, ImageNet-sized (500x375, ~100 KB at quality 90, photo-like texture), every data
-    path in the same run: --dummy (no data path), the Pillow DataLoader, --gpu-decode with torchvision's nvJPEG
-    and with nvImageCodec's hardware decoders (with CUDA graphs, and torchvision's also without them and with CUDA's
-    default 8 hardware queues), and the pytorch/examples main.py configuration (Pillow, fp32, eager) as the user's
-    baseline. Each row also reports CPU cores busy and GPU SM utilisation."""
+    path in the same run: --dummy (no data path), the Pillow DataLoader, --gpu-decode (with CUDA graphs, without
+    them, and with CUDA's default 8 hardware queues), and the pytorch/examples main.py configuration (Pillow, fp32,
+    eager) as the user's baseline. Each row also reports CPU cores busy and GPU SM utilisation."""
     root, n_train, n_val, size = Path(args.out) / "jpeg500", args.jpeg_images, 512, (500, 375)
     if args.tiny:
         n_train, n_val, size = 16, 8, (40, 30)
@@ -480,31 +379,26 @@ def bench_jpeg(args, device, rows):
     what = f"{n_train} JPEGs of {size[0]}x{size[1]} q90 ({mean_bytes / 1e3:.0f} KB)"
     print(f"[jpeg] {what} + {n_val} for val in {time.time() - t0:.0f}s", file=sys.stderr)
     cuda = device.type == "cuda"
-    decoders = ["torchvision", "nvimgcodec"] if cuda else ["torchvision"]
-    checks = {d: pixel_check(root, device, d, Path(args.out)) for d in decoders}
-    print(f"[jpeg] pixel check against Pillow: {checks}", file=sys.stderr)
+    check = pixel_check(root, device, Path(args.out))
+    print(f"[jpeg] pixel check against Pillow: {check}", file=sys.stderr)
     b, j, jg = (args.rn50_batch, str(args.workers), str(args.gpu_decode_workers)) if not args.tiny else (4, "0", "0")
     fast = ["--amp", "bf16", "--channels-last", "--compile"] if cuda and not args.tiny else []
     graphs = [*fast, "--compile-mode", "reduce-overhead"] if fast else []  # CUDA graphs: launching costs ~no host time
-    gpu_rows = [
-        (f"--gpu-decode --gpu-decoder {d}", ["--gpu-decode", "--gpu-decoder", d, "-j", jg, *graphs], {})
-        for d in decoders
-    ]
+    gpu = ("--gpu-decode", ["--gpu-decode", "-j", jg, *graphs], {})
     dummy = ["--dummy", "--dummy-sizes", str(n_train), str(n_val), "-j", j]
     examples = ["-j", j, "--amp", "none", "--no-channels-last"]
     configs = [  # most telling first, so that a run stopped by a time limit keeps them (Results writes every row)
         ("--dummy (no data path)", [*dummy, *graphs], {}),
-        gpu_rows[0],
+        gpu,
         ("pytorch/examples main.py configuration: Pillow, fp32, eager", examples, {}),
-        *gpu_rows[1:],
         # train.py gives --gpu-decode 32 hardware queues; with CUDA's default 8 the decode waits behind graph replays
-        (f"{gpu_rows[0][0]}, 8 hardware queues", gpu_rows[0][1], {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}),
-        ("--gpu-decode --gpu-decoder torchvision", ["--gpu-decode", "-j", jg, *fast], {}),  # without CUDA graphs: the
+        ("--gpu-decode, 8 hardware queues", gpu[1], {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}),
+        ("--gpu-decode", ["--gpu-decode", "-j", jg, *fast], {}),  # without CUDA graphs: the
         ("--dummy (no data path)", [*dummy, *fast], {}),  # host launches every kernel, beside the decoding threads
         ("Pillow DataLoader", ["-j", j, *fast], {}),
     ]  # fmt: skip
     if args.tiny:  # one row runs this loop, its decoder part included; the others are the same with other flags
-        configs = [gpu_rows[0]]
+        configs = [gpu]
     for name, flags, env in configs:
         out = Path(args.out) / f"jpeg_{len(rows)}"
         data = [] if "--dummy" in flags else [str(root)]
@@ -519,25 +413,17 @@ def bench_jpeg(args, device, rows):
             + (" + CUDA graphs" * ("reduce-overhead" in flags))
         )
         row = script_row("jpeg", what_run, cmd, out, "img_per_s", 2 if not args.tiny else 1, True, env, batch=b)
-        decoder = flags[flags.index("--gpu-decoder") + 1] if "--gpu-decoder" in flags else None
-        if decoder is not None:
-            row["pixel_check"] = checks[decoder]
+        if "--gpu-decode" in flags:
+            row["pixel_check"] = check
             stdout = (out / "stdout.txt").read_text() if (out / "stdout.txt").exists() else ""
             row["decoded"] = next((ln for ln in stdout.splitlines() if " decoded (rank 0): " in ln), "")
-            if not args.tiny and args.jpeg_profile and not env:  # in this process: one profile per decoder
-                try:
-                    row["profile"] = profile_gpu_decode(args, root, device, decoder)
-                except Exception as e:  # the profile is extra: keep the timing row
-                    row["profile"] = f"FAILED: {e}"
-                torch.cuda.empty_cache()
         rows.append(row)
 
 
-def build_transformer(preset: str, vocab: int, dropout: float | None = None) -> nn.Module:
+def build_transformer(preset: str, vocab: int) -> nn.Module:
     from transformer.model import PRESETS, ModelConfig, Transformer
 
-    cfg = {**PRESETS[preset], **({} if dropout is None else {"dropout": dropout})}
-    return Transformer(ModelConfig(vocab_size=vocab, **cfg))
+    return Transformer(ModelConfig(vocab_size=vocab, **PRESETS[preset]))
 
 
 def transformer_params(preset: str, vocab: int) -> int:
@@ -575,10 +461,10 @@ def bare_transformer_step(preset: str, vocab: int, tokens: int, length: int, dev
     independently), document masks (FlexAttention), as transformer/train.py trains; only real target tokens count.
     opts: "compile" compiles the model, "lossc" compiles model and loss together (the cross-entropy over the
     vocabulary fuses too), "regional" compiles each layer and the loss apart, "cudagraphs" adds
-    mode="reduce-overhead" to "compile"/"lossc", "nodrop" sets dropout to 0 (what dropout costs); "cudnn"
+    mode="reduce-overhead" to "compile"/"lossc"; "cudnn"
     (bare_transformer_row) lets attention use cuDNN.
     Returns (step, target tokens per step)."""
-    model = build_transformer(preset, vocab, dropout=0.0 if "nodrop" in opts else None).to(device)
+    model = build_transformer(preset, vocab).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     g = torch.Generator().manual_seed(0)
     if "packed" in opts:
@@ -695,7 +581,7 @@ def bare_transformer_row(args, preset: str, vocab: int, tokens: int, opts: list[
     extra = ", compile" * ("compile" in opts) + ", model and loss compiled together" * ("lossc" in opts)
     extra += ", each layer and the loss compiled apart" * ("regional" in opts)
     extra += ", CUDA graphs" * ("cudagraphs" in opts)
-    extra += ", dropout 0" * ("nodrop" in opts) + ", cuDNN attention" * ("cudnn" in opts)
+    extra += ", cuDNN attention" * ("cudnn" in opts)
     shape = f"packed {tokens // length}x{length} rows, {per_step} real target tokens" if "packed" in opts else (
         f"{tokens} tokens as {per_step // 24}x24")  # fmt: skip
     what = f"bare step {preset}, {shape}, bf16{extra}"
@@ -793,21 +679,14 @@ def to_markdown(env: dict, rows: list[dict]) -> str:
     cols = [c for c in cols if any(c in r for r in rows)]
     lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
-        cells = []
-        for c in cols:
-            v = r.get(c)
-            v = "" if v is None else v
-            cells.append(
-                f"{v:,.0f}"
-                if isinstance(v, float) and v > 100
-                else f"{v:.3g}"
-                if isinstance(v, float)
-                else f"`{v}`"
-                if c == "cmd" and v
-                else str(v)
-            )
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(cell(c, r.get(c)) for c in cols) + " |")
     return "\n".join(lines) + "\n"
+
+
+def cell(col: str, v) -> str:
+    if isinstance(v, float):
+        return f"{v:,.0f}" if v > 100 else f"{v:.3g}"
+    return "" if v is None else f"`{v}`" if col == "cmd" and v else str(v)
 
 
 def main() -> None:
@@ -821,14 +700,13 @@ def main() -> None:
     p.add_argument("--rn50-configs", default="fp32,bf16cl,compile", help="ResNet-50 subset of: fp32,bf16cl,compile")
     p.add_argument("--jpeg-images", type=int, default=20480, help="training JPEGs for the jpeg benchmark")
     p.add_argument("--gpu-decode-workers", type=int, default=8, help="-j of the jpeg benchmark's --gpu-decode rows")
-    p.add_argument("--jpeg-profile", action=argparse.BooleanOptionalAction, default=True, help="profile --gpu-decode")
     p.add_argument("--cifar-archs", default="resnet18", help="comma-separated: resnet18,resnet50")
     p.add_argument("--cifar-dir", default=None, help="CIFAR ImageFolder (train/<class>/*.jpg); default: --synthetic")
     p.add_argument("--multi30k", default=None, help="Multi30k dir ({split}.{lang}.gz); default: --synthetic")
     p.add_argument(
         "--tr-configs",
         default="small:8192,base:65536:compile:bare,base:65536:compile",
-        help="transformer runs, comma-separated PRESET:TOKENS_PER_GPU[:compile][:bare[:lossc|:regional][:nodrop]"
+        help="transformer runs, comma-separated PRESET:TOKENS_PER_GPU[:compile][:bare[:lossc|:regional]"
         "[:profile][:packed][:cudagraphs]][:cudnn] "
         "(bare: the bare step only; see bare_transformer_step)",
     )

@@ -4,8 +4,8 @@
 #   bash bench/reproduce.sh WORKLOAD [--gpus N] [--out DIR]
 #
 #   rn50         ResNet-50 --dummy: bare step against the script (fp32), weak scaling eager and compiled
-#   jpeg         ResNet-50 on ImageNet-sized JPEGs: --dummy and --gpu-decode (with and without CUDA graphs), nvImageCodec,
-#                Pillow, the pytorch/examples setup; then jpeg-scaling
+#   jpeg         ResNet-50 on ImageNet-sized JPEGs: --dummy and --gpu-decode (with and without CUDA graphs), Pillow,
+#                the pytorch/examples setup; then jpeg-scaling
 #   jpeg-scaling --gpu-decode (torchvision) and --dummy, CUDA graphs, on 1, 2, 4 ... GPUs, 20,480 JPEGs (2 GPUs: ~6 min)
 #   cifar        CIFAR-10 recipes ($CIFAR_SEEDS seeds, default 3; one run per GPU, in rounds): fast and full ResNet-18,
 #                full ResNet-50 on 1 GPU and on 2; then each data path for 20 epochs
@@ -21,7 +21,7 @@
 # --gpus N (default: every visible GPU) runs the multi-GPU parts on 1, 2, 4, ... up to N GPUs. Data: the CIFAR-10
 # JPEGs as $CIFAR_TAR (default .data/train.tar.xz), Multi30k as $MULTI30K (default .data/multi30k: train.de.gz,
 # train.en.gz, val.de.gz, val.en.gz). Console output and every metrics.jsonl / results.json land in --out (default
-# runs/reproduce), named like the logs in docs/runs; `python bench/report.py` turns those into the tables.
+# runs/reproduce), named like the logs in docs/runs; commit them there and `python bench/report.py` checks the docs.
 set -euo pipefail
 
 usage() {
@@ -113,7 +113,7 @@ rn50)
   done
   ;;
 jpeg)
-  python3 bench/benchmark.py --only jpeg --no-jpeg-profile --out "$out/jpeg"
+  python3 bench/benchmark.py --only jpeg --out "$out/jpeg"
   jpeg_scaling
   ;;
 jpeg-scaling)

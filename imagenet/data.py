@@ -42,10 +42,6 @@ def check_args(args: argparse.Namespace) -> None:
         raise UserError(f"unknown --arch {args.arch!r} (did you mean {', '.join(near) or 'resnet50'}?)")
     if args.gpu is not None and not torch.cuda.is_available():
         raise UserError(f"--gpu {args.gpu} but no CUDA GPU is visible (drop --gpu to run on the CPU)")
-    if args.gpu_decode and args.gpu_decoder == "nvimgcodec":
-        from imagenet.gpu_decode import import_nvimgcodec
-
-        import_nvimgcodec()  # a missing package is a one-line error before any process starts
     if args.synthetic:
         return
     if not args.data:

@@ -9,16 +9,10 @@ normalize run batched on the device, one batch ahead of the training step, on a 
     for x, y, bad in prefetch(loader, to_device):  # bad: ["PATH (why)", ...], files left out of x and y
         ...
 
-Decoders (``GpuTransform(decoder=...)``, train.py's ``--gpu-decoder``):
-- ``torchvision`` (default): one batched ``torchvision.io.decode_jpeg(device="cuda")`` call per batch. nvJPEG
-  picks its backend: on an H100 the JPEG engines were busy (NVML) while it ran, so it uses the hardware
-  decoders too. It needs no extra package, blocks the calling thread while it decodes (hence ``prefetch``'s
-  thread), and torchvision 0.29 deprecates it. On a CPU device (the tests) it is libjpeg on the CPU.
-- ``nvimgcodec``: NVIDIA nvImageCodec (``pip install -r requirements-gpu.txt``). Baseline JPEGs go to the
-  hardware JPEG decoders (NVJPG engines of A100, H100, H200...), what they reject (progressive JPEGs, rare
-  chroma subsamplings) to nvJPEG's CUDA decoder; it decodes straight into memory from torch's allocator on the
-  side stream, so no foreign allocation outlives its stream, and its pixels equal libjpeg's (Pillow's) within
-  0.04 of a level on average. Measured slower than ``torchvision`` while training (imagenet/README.md says why).
+The decoder is one batched ``torchvision.io.decode_jpeg(device="cuda")`` call per batch. nvJPEG picks its
+backend: on an H100 the JPEG engines were busy (NVML) while it ran, so it uses the hardware decoders too. It
+blocks the calling thread while it decodes (hence ``prefetch``'s thread), and torchvision 0.29 deprecates it. On
+a CPU device (the tests) it is libjpeg on the CPU.
 Files no GPU decoder takes (PNGs named .JPEG, CMYK JPEGs, files cut short) are decoded on the CPU and copied.
 ``GpuTransform.counts`` counts the images each decoder took.
 
@@ -30,11 +24,9 @@ order as ``SeededDataset`` + ``RandomResizedCrop`` + ``RandomHorizontalFlip``. O
 
 from __future__ import annotations
 
-import functools
 import io
 import itertools
 import math
-import os
 import queue
 import re
 import threading
@@ -51,7 +43,6 @@ from torch.profiler import record_function
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
 from common.distributed import mix_seed
-from common.errors import UserError
 from imagenet.crop_resize import crop_resize
 from imagenet.data import MEAN, STD
 
@@ -106,8 +97,8 @@ class EncodedImages(torch.utils.data.Dataset):
     of 256 on the one Python thread that drives the GPU.
 
     PIL reads the header without decoding: the size, and which decoder should take the file (``route``).
-    Baseline RGB or grayscale JPEGs go to the hardware decoder, progressive ones to nvJPEG's CUDA decoder
-    (the hardware rejects them). A PNG under a .JPEG name and CMYK JPEGs (ImageNet has both) go to the CPU
+    RGB or grayscale JPEGs go to nvJPEG (route "hw" for baseline, "cuda" for progressive ones, which the JPEG
+    engines reject). A PNG under a .JPEG name and CMYK JPEGs (ImageNet has both) go to the CPU
     decoder, and so does a JPEG without its end marker, because nvJPEG decodes a file cut short without a word.
     """
 
@@ -158,9 +149,8 @@ class EncodedBatch:
 
     def pin_memory(self) -> EncodedBatch:
         # DataLoader(pin_memory=True) calls this in its pinning thread. Pinned, the file bytes reach the GPU by
-        # DMA queued on a stream (nvImageCodec reads them in place); pageable, every file is one host-blocking
-        # staged copy. Pinned labels reach the GPU without a stream sync. ``prefetch`` keeps the batch alive
-        # until the GPU has read it.
+        # DMA queued on a stream; pageable, every file is one host-blocking staged copy. Pinned labels reach the
+        # GPU without a stream sync. ``prefetch`` keeps the batch alive until the GPU has read it.
         self.data, self.labels = self.data.pin_memory(), self.labels.pin_memory()
         return self
 
@@ -183,113 +173,22 @@ def _why(e: Exception) -> str:
     return re.sub(r"^\w+, \S+:\d+, ", "", str(e).splitlines()[0]).split(". ")[0][:120]
 
 
-DECODERS = ("torchvision", "nvimgcodec")
-
-
-def import_nvimgcodec():
-    """``nvidia.nvimgcodec``, or a UserError naming the pip command if it is not installed."""
-    os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "1")  # errors only: a file the hardware rejects is retried
-    # Its import prints two paragraphs about the JPEG 2000 and TIFF libraries it did not find, which we do not
-    # need; they come from C++, so silence the process's stderr (fd 2) for the import only.
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-            from nvidia import nvimgcodec
-    except ImportError:
-        raise UserError("nvImageCodec is not installed (pip install -r requirements-gpu.txt)") from None
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-    return nvimgcodec
-
-
-class NvImageCodec:
-    """nvImageCodec's JPEG decoders on one GPU: the hardware one (None where the GPU has no NVJPG engine) and
-    nvJPEG's CUDA one for the files the hardware rejects."""
-
-    def __init__(self, device: torch.device):
-        nv = self.nv = import_nvimgcodec()
-        self.device = device
-        index = device.index if device.index is not None else torch.cuda.current_device()
-
-        def make(kind):
-            try:
-                return nv.Decoder(device_id=index, backends=[nv.Backend(kind)])
-            except RuntimeError:  # no decoder of that kind here: no NVJPG engine, or no nvJPEG library
-                return None
-
-        self.hw, self.cuda = make(nv.HW_GPU_ONLY), make(nv.HYBRID_CPU_GPU)  # nvJPEG's CUDA decoder is "hybrid"
-        if self.cuda is None:
-            raise UserError("nvImageCodec finds no nvJPEG library (pip install -r requirements-gpu.txt)")
-        # what Pillow gives: no EXIF rotation (ImageFolder's loader applies none), RGB, planar (3, H, W)
-        self.params = nv.DecodeParams(apply_exif_orientation=False, color_spec=nv.SRGB, sample_format=nv.P_RGB)
-
-    def __call__(self, files: list[torch.Tensor], routes: list[str], counts: Counter) -> dict[int, torch.Tensor]:
-        """Decode the files whose route is "hw" or "cuda", queued on the current stream; returns {index: image}.
-
-        The images are views of one uint8 buffer per batch from torch's allocator, made on the current stream:
-        torch frees it once the crops are done, in the stream's order, and nothing else owns GPU memory. The
-        file bytes are read in place: pinned (``EncodedBatch.pin_memory``), they reach the GPU by queued DMA.
-        """
-        nv, todo = self.nv, {"hw": [], "cuda": []}
-        for k, r in enumerate(routes):
-            if r != "cpu":
-                todo["hw" if r == "hw" and self.hw is not None else "cuda"].append(k)
-        if not todo["hw"] and not todo["cuda"]:
-            return {}
-        streams, sizes = {}, {}
-        for k in todo["hw"] + todo["cuda"]:
-            try:
-                cs = streams[k] = nv.CodeStream(files[k].numpy())  # parses the header; no copy of the bytes
-                sizes[k] = (3, cs.height, cs.width)
-            except RuntimeError:  # a header PIL reads but nvImageCodec does not: the CPU decoder says why
-                todo["hw" if k in todo["hw"] else "cuda"].remove(k)
-        numel = [math.prod(z) for z in sizes.values()]
-        buf = torch.empty(sum(numel), dtype=torch.uint8, device=self.device)
-        out = {k: b.view(z) for (k, z), b in zip(sizes.items(), buf.split(numel))}
-        stream = torch.cuda.current_stream(self.device).cuda_stream
-        images = {}
-        for name, decoder in (("hw", self.hw), ("cuda", self.cuda)):
-            if not todo[name]:
-                continue
-            targets = nv.as_images([out[k] for k in todo[name]], stream, sample_format=nv.P_RGB)
-            done = decoder.decode([streams[k] for k in todo[name]], images=targets, params=self.params,
-                                  cuda_stream=stream)  # fmt: skip
-            for k, img in zip(todo[name], done):
-                if img is not None:
-                    images[k] = out[k]
-                    counts[name] += 1
-                elif name == "hw":  # e.g. a chroma subsampling the engine lacks: try CUDA
-                    todo["cuda"].append(k)
-        return images
-
-
-@functools.cache
-def nvimgcodec_decoders(device: torch.device, slot: int = 0) -> NvImageCodec:
-    # one set per GPU and prefetch thread (a decoder runs one batch at a time), shared by training and evaluation
-    return NvImageCodec(device)
-
-
 def decode(
     batch: EncodedBatch,
     device: torch.device | str,
-    nvdec: NvImageCodec | None = None,
     counts: Counter | None = None,
 ) -> tuple[list[torch.Tensor], list[int], list[str]]:
     """Decode to (3, H, W) uint8 images on ``device``; returns (images, their indices in the batch, bad).
 
-    With ``nvdec``, the files routed to the GPU go to nvImageCodec (hardware, then CUDA); without it, to one
-    batched ``torchvision.io.decode_jpeg`` call (nvJPEG on the SMs, or libjpeg on a CPU device), whose files are
-    decoded one by one if the batch fails. The rest, and what the GPU refuses, go to the CPU's ``decode_image``
-    (libjpeg, libpng); what fails there too is "PATH (why)" in ``bad``. ``counts[decoder]`` += images decoded.
+    The files routed to the GPU go to one batched ``torchvision.io.decode_jpeg`` call (nvJPEG, or libjpeg on a
+    CPU device), whose files are decoded one by one if the batch fails. The rest, and what the GPU refuses, go to
+    the CPU's ``decode_image`` (libjpeg, libpng); what fails there too is "PATH (why)" in ``bad``.
+    ``counts[decoder]`` += images decoded.
     """
     files, device, bad = batch.files(), torch.device(device), list(batch.bad)
     counts = Counter() if counts is None else counts
     images: dict[int, torch.Tensor] = {}
-    if nvdec is not None:
-        images.update(nvdec(files, batch.routes, counts))
-    elif batched := [k for k, r in enumerate(batch.routes) if r != "cpu"]:
+    if batched := [k for k, r in enumerate(batch.routes) if r != "cpu"]:
         try:
             images.update(zip(batched, decode_jpeg([files[k] for k in batched], device=device, mode=RGB)))
             counts["cuda" if device.type == "cuda" else "cpu"] += len(batched)
@@ -297,7 +196,7 @@ def decode(
             pass
     for k in (k for k in range(len(files)) if k not in images):
         try:
-            images[k], where = _decode_one(files[k], device, nvdec is None and batch.routes[k] != "cpu")
+            images[k], where = _decode_one(files[k], device, batch.routes[k] != "cpu")
             counts[where] += 1
         except RuntimeError as e:
             bad.append(f"{batch.paths[k]} ({_why(e)})")
@@ -324,8 +223,7 @@ class GpuTransform:
     Training (``resize_size=None``): crop each image to its box, resize to crop_size², flip where drawn.
     Evaluation: resize the shorter side to ``resize_size``, keep the centre crop_size² (T.Resize + T.CenterCrop).
     Both are one ``crop_resize`` call per batch (one Triton kernel on a GPU).
-    ``decoder``: "torchvision" or "nvimgcodec" (see the module's docstring); ``self.counts``: how many images
-    each of hw (nvImageCodec's hardware decoder), cuda (nvJPEG through either) and cpu decoded.
+    ``self.counts``: how many images each of cuda (nvJPEG) and cpu decoded.
     Per batch it makes no host sync of its own (the kernel's per-image table goes by pinned, queued copy), but
     decoding blocks the calling thread (see ``prefetch``): call it through ``prefetch``.
     """
@@ -338,33 +236,22 @@ class GpuTransform:
         channels_last: bool = True,
         mean: Sequence[float] = MEAN,
         std: Sequence[float] = STD,
-        decoder: str = "torchvision",
     ):
         if resize_size is not None and resize_size < crop_size:
             raise ValueError(f"resize_size {resize_size} < crop_size {crop_size} (T.CenterCrop would pad)")
         self.device, self.size, self.resize_size = torch.device(device), crop_size, resize_size
-        if decoder not in DECODERS:
-            raise ValueError(f"decoder {decoder!r} is not one of {DECODERS}")
-        if decoder == "nvimgcodec" and self.device.type != "cuda":
-            raise UserError("--gpu-decoder nvimgcodec needs a CUDA device (torchvision's decodes on the CPU too)")
-        self.decoder, self.counts, self.lock = decoder, Counter(), threading.Lock()
-        # prefetch threads: with the batched crop kernel, one or two made no clear difference to a fed step on an
-        # H200 (docs/runs/jpeg_batched_connections_1xh200.log, jpeg_batched_timeline_1xh200.log); two let one thread
-        # decode without the GIL while the other launches the crops of the batch before it
-        self.threads = 2 if decoder == "nvimgcodec" else 1
-        self.nvdec = nvimgcodec_decoders(self.device) if decoder == "nvimgcodec" else None
+        self.counts, self.lock, self.threads = Counter(), threading.Lock(), 1
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         # (x / 255 - mean) / std == x * scale + shift, done by crop_resize's kernel
         self.scale, self.shift = [1 / (255 * s) for s in std], [-m / s for m, s in zip(mean, std)]
 
     def __call__(self, batch: EncodedBatch, slot: int = 0) -> Batch:
-        """``slot``: which of ``prefetch``'s threads calls; each has its own nvImageCodec decoders."""
+        """``slot``: which of ``prefetch``'s threads calls."""
         train, counts = self.resize_size is None, Counter()
         if train and None in batch.boxes:
             raise ValueError("a training GpuTransform needs boxes: index EncodedImages with (epoch, i) keys")
-        nvdec = nvimgcodec_decoders(self.device, slot) if self.nvdec is not None else None
         with record_function("gpu_decode.decode"):  # named spans for torch.profiler, free without it
-            images, keep, bad = decode(batch, self.device, nvdec, counts)
+            images, keep, bad = decode(batch, self.device, counts)
         with self.lock:
             self.counts.update(counts)
         if not images:
@@ -397,18 +284,13 @@ def prefetch(
     """``transform(b) for b in batches``, in order, computed up to ``ahead`` batches early by ``threads`` threads
     (default: ``transform.threads``).
 
-    Why threads: decoding blocks the calling thread, and behind queued training kernels it blocks until they ran, on
-    whichever stream: on an H200 a transform call with torchvision's CUDA ``decode_jpeg`` took 20 ms for a batch of
-    256 on an idle GPU and 292 ms behind 180 queued matmuls; with nvImageCodec 37 and 298 ms
-    (docs/runs/jpeg_decode_hwqueues_4xh200host.log). CUDA runs the streams on 8 hardware queues by default, and the
-    decoders' streams share them with the training's: CUDA_DEVICE_MAX_CONNECTIONS=32 cut that wait to 45-51 ms,
-    and imagenet/train.py sets it (with CUDA graphs, a replay is one long wait otherwise: BENCHMARKS.md). Called
-    from the training loop, either decoder stalls the host at every step, and the GPU with it. Each thread queues
-    its work on its own side stream (``priority``: that stream's CUDA priority, -1 high), so the crops run beside
-    the training; with two threads, one decodes a batch (without the GIL) while the other launches the crops of the
-    batch before it. The consumer's stream waits for each batch's event, and a batch's pinned file bytes stay
-    referenced until the GPU has read them (nvImageCodec copies them from where they lie, and torch's pinned-memory
-    cache would hand the block to another batch as soon as it is freed).
+    Why a thread: decoding blocks the calling thread, and behind queued training kernels it blocks until they ran,
+    on whichever stream; called from the training loop, it would stall the host at every step, and the GPU with it.
+    CUDA runs the streams on 8 hardware queues by default, shared with the training's stream, so imagenet/train.py
+    sets CUDA_DEVICE_MAX_CONNECTIONS=32 (BENCHMARKS.md). Each thread queues its work on its own side stream
+    (``priority``: that stream's CUDA priority, -1 high), so the crops run beside the training. The consumer's
+    stream waits for each batch's event, and a batch's pinned file bytes stay referenced until the GPU has read
+    them (torch's pinned-memory cache would hand the block to another batch as soon as it is freed).
     """
     it, lock, stop = iter(batches), threading.Lock(), threading.Event()
     q: queue.Queue = queue.Queue(maxsize=ahead)

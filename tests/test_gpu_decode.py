@@ -24,7 +24,6 @@ from PIL import Image
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from common.data import ResumableDistributedSampler, SeededDataset
-from common.errors import UserError
 from imagenet.crop_resize import crop_resize
 from imagenet.gpu_decode import (
     MEAN,
@@ -33,7 +32,6 @@ from imagenet.gpu_decode import (
     GpuTransform,
     collate_encoded,
     decode,
-    import_nvimgcodec,
     prefetch,
     random_resized_crop_box,
 )
@@ -67,13 +65,6 @@ def samples(tmp_path_factory) -> list[tuple[str, int]]:
 
 def batch_of(ds: EncodedImages, keys: list) -> object:
     return collate_encoded([ds[k] for k in keys])
-
-
-def has_nvimgcodec() -> bool:
-    try:
-        return import_nvimgcodec() is not None
-    except UserError:
-        return False
 
 
 def test_decode_matches_pil(samples):
@@ -177,12 +168,12 @@ def test_bad_files_are_named_and_left_out(samples, tmp_path):
     names = ("garbage.jpg", "truncated.jpg", "png_named.jpg", "cmyk.jpg", "progressive.jpg")
     files = [samples[0][0], *(str(tmp_path / n) for n in names)]
     ds = EncodedImages([(f, k) for k, f in enumerate(files)], seed=0)
-    # the hardware decoder gets the baseline JPEG, nvJPEG's CUDA one the progressive JPEG (the hardware rejects
-    # it); PNG and CMYK go to the CPU, and so does a truncated file, which nvJPEG would decode without an error
+    # nvJPEG gets the baseline JPEG ("hw") and the progressive one ("cuda", which the JPEG engines reject); PNG
+    # and CMYK go to the CPU, and so does a truncated file, which nvJPEG would decode without an error
     assert [ds[k].route for k in range(6)] == ["hw", "cpu", "cpu", "cpu", "cpu", "cuda"]
     for tf, keys in [(GpuTransform("cpu", 16), [(0, k) for k in range(6)]), (GpuTransform("cpu", 16, 20), range(6))]:
         x, y, bad = tf(batch_of(ds, list(keys)))
-        assert y.tolist() == [0, 3, 4, 5] and x.shape[0] == 4 and tf.decoder == "torchvision"
+        assert y.tolist() == [0, 3, 4, 5] and x.shape[0] == 4
         assert bad == [f"{files[1]} (not an image PIL can identify)", f"{files[2]} (Image is incomplete or truncated)"]
         assert tf.counts == {"cpu": 4}  # on a CPU device every decoder is libjpeg/libpng
     x, y, bad = GpuTransform("cpu", 16, 20)(batch_of(ds, [1, 2]))
@@ -200,23 +191,6 @@ def test_encoded_batch_layout(samples):
         assert f.numpy().tobytes() == Path(path).read_bytes() and f.data_ptr() >= batch.data.data_ptr()
     assert batch.routes == ["hw"] * 4 and batch.labels.tolist() == [label for _, label in samples]
     assert batch.boxes == [ds[(0, i)].box for i in range(4)]
-
-
-@pytest.mark.skipif(has_nvimgcodec(), reason="nvImageCodec is installed")
-def test_missing_nvimgcodec_is_one_line(tmp_path):
-    with pytest.raises(UserError, match=r"pip install -r requirements-gpu.txt"):
-        import_nvimgcodec()
-    cmd = [sys.executable, str(REPO / "imagenet/train.py"), "--dummy", "--gpu-decode", "--gpu-decoder", "nvimgcodec",
-           "--output-dir", str(tmp_path)]  # fmt: skip
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
-        "error: nvImageCodec is not installed (pip install -r requirements-gpu.txt)"
-    ]
-
-
-def test_nvimgcodec_needs_cuda():
-    with pytest.raises(UserError, match="needs a CUDA device"):
-        GpuTransform("cpu", 16, decoder="nvimgcodec")
 
 
 @pytest.mark.parametrize("threads", [1, 3])
@@ -245,7 +219,6 @@ def test_prefetch(samples, threads):
 
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-NVIMGCODEC = pytest.mark.skipif(not has_nvimgcodec(), reason="needs nvImageCodec (requirements-gpu.txt)")
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
@@ -270,13 +243,11 @@ def test_crop_resize_kernel_equals_torch_per_image(device):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("decoder", ["torchvision", pytest.param("nvimgcodec", marks=NVIMGCODEC)])
-def test_cuda_matches_cpu(samples, decoder):
+def test_cuda_matches_cpu(samples):
     ds, keys = EncodedImages(samples, seed=0), [(0, i) for i in range(len(samples))]
     batch = batch_of(ds, keys).pin_memory()
     ref, _, _ = GpuTransform("cpu", 32)(batch)
-    tf = GpuTransform("cuda", 32, decoder=decoder)  # copies its constants to the device: a sync, once
-    assert tf.decoder == decoder
+    tf = GpuTransform("cuda", 32)  # copies its constants to the device: a sync, once
     list(prefetch([batch], tf))  # warm up the decoders and the kernels
     torch.cuda.set_sync_debug_mode("error")  # no sync that torch can see (nvJPEG's own waits are invisible to it)
     try:
@@ -285,25 +256,6 @@ def test_cuda_matches_cpu(samples, decoder):
         torch.cuda.set_sync_debug_mode("default")
     assert bad == [] and x.is_cuda and y.is_cuda and x.is_contiguous(memory_format=torch.channels_last)
     assert (x.cpu() - ref).abs().mean() < 2 * LEVEL  # nvJPEG's IDCT and upsampling differ slightly from libjpeg's
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@NVIMGCODEC
-def test_nvimgcodec_decoders_match_pillow(samples, tmp_path):
-    """Each decoder on the files it gets: hardware (baseline), nvJPEG CUDA (progressive), CPU (CMYK, PNG)."""
-    photo(64, 48, 7).save(tmp_path / "progressive.jpg", quality=90, progressive=True)
-    photo(64, 48, 8).convert("CMYK").save(tmp_path / "cmyk.jpg", quality=90)
-    photo(64, 48, 9).save(tmp_path / "png_named.jpg", "PNG")
-    files = [p for p, _ in samples] + [str(tmp_path / n) for n in ("progressive.jpg", "cmyk.jpg", "png_named.jpg")]
-    tf = GpuTransform("cuda", 32, decoder="nvimgcodec")
-    images, keep, bad = decode(batch_of(EncodedImages([(f, 0) for f in files]), range(7)), "cuda", tf.nvdec, tf.counts)
-    assert keep == list(range(7)) and bad == []
-    hw = 4 if tf.nvdec.hw is not None else 0  # a GPU without NVJPG engines sends them all to CUDA
-    assert tf.counts == {"hw": hw, "cuda": 5 - hw, "cpu": 2}
-    for img, f in zip(images, files):
-        ref = torch.from_numpy(np.array(Image.open(f).convert("RGB"))).permute(2, 0, 1)
-        assert img.is_cuda and img.shape == ref.shape
-        assert (img.cpu().float() - ref.float()).abs().mean() <= 2, f  # levels; measured 0 on the hardware path
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")

@@ -1,47 +1,83 @@
-"""The figures in README.md and BENCHMARKS.md are what bench/report.py computes from the logs in docs/runs."""
+"""Every figure the docs quote from a run log is what bench/report.py reads from docs/runs."""
 
+import importlib.util
 import re
 import shutil
 
 from tests.conftest import PY, REPO, run
 
-MARKED = re.compile(r"<!-- report:([\w-]+) -->\n.*?<!-- /report:\1 -->", re.S)
-
 
 def copy_docs(dst):
-    """The two documents, the report script and the logs it reads, as in the repository."""
-    for name in ("README.md", "BENCHMARKS.md", "bench/report.py", "docs/runs"):
+    """The checked documents, the check and the logs it reads, as in the repository."""
+    for name in ("README.md", "BENCHMARKS.md", "imagenet/README.md", "bench/report.py", "docs/runs"):
         src, to = REPO / name, dst / name
         to.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if src.is_dir() else shutil.copy)(src, to)
     return dst
 
 
+def check(repo):
+    return run([PY, "bench/report.py"], cwd=repo, check=False)
+
+
+def edit(path, old, new):
+    text = path.read_text()
+    assert text.count(old) == 1, f"{old!r} is not once in {path.name}"
+    path.write_text(text.replace(old, new))
+    return text
+
+
 def test_docs_match_the_logs():
-    run([PY, "bench/report.py", "--check"])
+    p = run([PY, "bench/report.py"])
+    assert re.fullmatch(r"\d+ figures match their logs\n", p.stdout), p.stdout
 
 
 def test_a_figure_edited_by_hand_fails_the_check(tmp_path):
     repo = copy_docs(tmp_path)
     readme = repo / "README.md"
-    text = readme.read_text()
-    m = re.search(r"92\.02 ± 0\.50", text)
-    assert m, "the CIFAR headline figure is not in README.md"
-    readme.write_text(text[: m.start()] + "92.12 ± 0.50" + text[m.end() :])
-    p = run([PY, "bench/report.py", "--check"], cwd=repo, check=False)
-    assert p.returncode == 1 and "README.md: block 'readme-results' differs" in p.stderr, p.stderr
-    run([PY, "bench/report.py", "--write"], cwd=repo)
-    assert readme.read_text() == text  # --write puts the logs' figure back, and nothing else changes
+    text = edit(readme, "**92.02 ± 0.50%**", "**92.12 ± 0.50%**")  # the CIFAR headline
+    p = check(repo)
+    assert p.returncode == 1 and "README.md: '**92.02 ± 0.50%**' appears 0 time(s), the logs give it 1" in p.stderr
+    assert "README.md: '0.50%' is no figure of bench/report.py" in p.stderr, p.stderr  # the edited text is unchecked
+    readme.write_text(text)
+    assert check(repo).returncode == 0  # the logs' figure back, and nothing else was wrong
+
+
+def test_a_figure_quoted_twice_fails_when_one_copy_is_edited():
+    """The count matters: a figure listed twice must stand twice as a whole (not three times, not inside a longer
+    number, not as a bold figure)."""
+    spec = importlib.util.spec_from_file_location("report", REPO / "bench/report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    table = [("BENCHMARKS.md", "{:,.0f}", 1234.4)] * 2 + [("BENCHMARKS.md", "{:.1f}%", 97.26)]
+    assert report.check({"BENCHMARKS.md": "| 1,234 | 1,234 | 97.3% |"}, table, {}) == []
+    for bad in ("| 1,234 | 1,235 | 97.3% |", "| 1,234 | 11,234 | 97.3% |", "| 1,234 | 1,234.5 | 97.3% |",
+                "| 1,234 | 1,234 | 1,234 | 97.3% |", "| 1,234 | 1,234 | **97.3%** |"):  # fmt: skip
+        assert report.check({"BENCHMARKS.md": bad}, table, {}), bad
 
 
 def test_a_changed_log_fails_the_check(tmp_path):
     repo = copy_docs(tmp_path)
     log = repo / "docs/runs/jpeg_decode_paths_1xh200.json"
-    old = log.read_text()
-    log.write_text(old.replace('"img_per_s": 6301.89', '"img_per_s": 6401.89'))
-    assert log.read_text() != old
-    p = run([PY, "bench/report.py", "--check"], cwd=repo, check=False)
-    assert p.returncode == 1 and "block 'rn50-jpeg' differs" in p.stderr, p.stderr
+    old = edit(log, '"img_per_s": 6301.89', '"img_per_s": 6401.89')
+    p = check(repo)
+    assert p.returncode == 1 and "README.md: '**6,402 img/s** (94% of `--dummy`), 3.0×' appears 0" in p.stderr
+    assert "BENCHMARKS.md: '| **6,402** | **94.0%** | 2.7 | 86% | 21% |' appears 0" in p.stderr, p.stderr
+    log.write_text(old)
+    (repo / "docs/runs/jpeg_dummy_2xh200.jsonl").unlink()
+    p = check(repo)
+    assert p.returncode == 1 and p.stderr.startswith("error: [Errno 2] No such file or directory"), p.stderr
+
+
+def test_prose_holds_no_unchecked_figure_and_links_to_logs_exist(tmp_path):
+    repo = copy_docs(tmp_path)
+    edit(repo / "BENCHMARKS.md", "## Plots\n", "## Plots\n\nIt trains at 1,234 img/s ([log](docs/runs/nope.log)).\n")
+    p = check(repo)
+    assert p.returncode == 1 and "BENCHMARKS.md: '1,234 img/s' is no figure of bench/report.py" in p.stderr
+    assert "BENCHMARKS.md: link to docs/runs/nope.log, which does not exist" in p.stderr, p.stderr
+    for doc in [REPO / "README.md", REPO / "BENCHMARKS.md", *REPO.glob("*/README.md")]:  # the folders' too
+        for path in re.findall(r"\]\(((?:\.\./)?docs/runs/[^)#]+)\)", doc.read_text()):
+            assert (doc.parent / path).exists(), f"{doc.relative_to(REPO)} links to {path}, which does not exist"
 
 
 def slug(heading: str) -> str:
@@ -54,14 +90,3 @@ def test_links_into_benchmarks_md_name_its_sections():
     for doc in REPO.glob("*/README.md"):
         for anchor in re.findall(r"BENCHMARKS\.md#([\w-]+)", doc.read_text()):
             assert anchor in anchors, f"{doc.relative_to(REPO)} links to BENCHMARKS.md#{anchor}, not a section"
-
-
-def test_links_to_run_logs_exist_and_prose_holds_no_figure():
-    for doc in ("README.md", "BENCHMARKS.md"):
-        text = (REPO / doc).read_text()
-        for path in re.findall(r"\]\((docs/runs/[^)#]+)\)", text):
-            assert (REPO / path).exists(), f"{doc} links to {path}, which does not exist"
-    # Throughput and percentages outside the generated blocks would be typed by hand: they belong in a block.
-    prose = MARKED.sub("", (REPO / "BENCHMARKS.md").read_text())
-    figures = re.findall(r"\b\d[\d,.]*\s?(?:%|img/s|tok/s|tokens/s)", prose)
-    assert not figures, f"BENCHMARKS.md has figures outside the generated blocks: {figures}"
