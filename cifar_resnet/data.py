@@ -84,17 +84,11 @@ def load_batch(path: Path) -> dict:
             entry = Unpickler(f, encoding="latin1").load()
     except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError) as e:
         raise UserError(f"cannot read CIFAR-10 batch {path}: {e} (download it again with --download)") from None
-    data, labels = (
-        entry.get("data") if isinstance(entry, dict) else None,
-        entry.get("labels") if isinstance(entry, dict) else None,
-    )
-    ok = isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2 and data.shape[1] == 3072
-    if not (
-        ok
-        and isinstance(labels, list)
-        and len(labels) == len(data)
-        and all(type(y) is int and 0 <= y < 10 for y in labels)
-    ):
+    entry = entry if isinstance(entry, dict) else {}
+    data, labels = entry.get("data"), entry.get("labels")
+    good = isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2 and data.shape[1] == 3072
+    good = good and isinstance(labels, list) and len(labels) == len(data)
+    if not (good and all(type(y) is int and 0 <= y < 10 for y in labels)):
         raise UserError(f"{path} is not a CIFAR-10 batch (expected uint8 data of N x 3072 and N labels in 0..9)")
     return entry
 

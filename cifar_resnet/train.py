@@ -236,7 +236,7 @@ def main(args: argparse.Namespace) -> None:
     if not n_train or not len(eval_ds):
         raise UserError(f"empty dataset in {args.data_dir} (train {n_train} images, eval {len(eval_ds)})")
     if n_train < global_batch:
-        raise UserError(f"global batch {global_batch} is larger than the {n_train} training images")
+        raise UserError(f"global batch {global_batch} is larger than the {n_train} training images (lower -b)")
     # [DDP 2] every rank reads a different shard; the order of epoch e depends only on (seed, e).
     sampler = ResumableDistributedSampler(n_train, info.rank, info.world_size, args.seed)
     steps_per_epoch = len(sampler) // args.batch_size // args.accum_steps

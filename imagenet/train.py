@@ -281,7 +281,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
     if not args.evaluate:
         # [DDP 2] every rank reads a different shard; the order of epoch e depends only on (seed, e).
         if n_train < global_batch:
-            raise UserError(f"global batch {global_batch} is larger than the {n_train} training images")
+            raise UserError(f"global batch {global_batch} is larger than the {n_train} training images (lower -b)")
         sampler = ResumableDistributedSampler(n_train, info.rank, info.world_size, args.seed)
         steps_per_epoch = len(sampler) // args.batch_size // args.accum_steps
         if not args.synthetic:
