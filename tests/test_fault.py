@@ -172,7 +172,7 @@ def test_ranks_exit_with_their_killed_agent(data, tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     t0 = time.time()
     log, _ = proc.communicate(timeout=60)  # returns once every process holding its output is gone
-    assert time.time() - t0 < 5, log[-3000:]
+    assert time.time() - t0 < 10, log[-3000:]
     for rank in (0, 1):
         assert f"error: rank {rank}: its launcher (torchrun, pid {proc.pid}) is gone, so it exits too" in log, log[
             -3000:
