@@ -147,16 +147,6 @@ def init_worker(worker_id: int) -> None:
     leave_signals_to_the_rank()
 
 
-def kill_workers_at_exit() -> None:
-    """At exit, SIGKILL this process's DataLoader workers that are still running (multiprocessing's daemonic
-    children). multiprocessing's own exit handler sends them SIGTERM, which they ignore (``leave_signals_to_the_rank``),
-    then waits for them without a timeout: an exit with a loader still alive (held by a global, or by the frames of
-    an uncaught exception such as Ctrl-C's KeyboardInterrupt) would wait forever."""
-    for p in multiprocessing.active_children():
-        if p.daemon:
-            p.kill()
-
-
 def loader_generator(seed: int, rank: int) -> torch.Generator:
     """Generator for a DataLoader so worker base seeds depend on (seed, rank) only."""
     return torch.Generator().manual_seed(mix_seed(seed, rank))
@@ -175,15 +165,8 @@ def worker_context(num_workers: int) -> multiprocessing.context.BaseContext | No
     pair this context with ``worker_init_fn=init_worker``, which turns it back on in each worker); it is started
     here, at once, so its imports overlap the model's construction.
     """
-    if num_workers <= 0:
-        return None
-    import atexit
-    import multiprocessing.util  # its exit handler is registered first, so that kill_workers_at_exit runs before it
-
-    atexit.unregister(kill_workers_at_exit)
-    atexit.register(kill_workers_at_exit)
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return None  # spawn (macOS, Windows): nothing is forked
+    if num_workers <= 0 or "forkserver" not in multiprocessing.get_all_start_methods():
+        return None  # no workers, or spawn (macOS, Windows): nothing is forked
     import sys
     from multiprocessing import forkserver
 
@@ -191,4 +174,16 @@ def worker_context(num_workers: int) -> multiprocessing.context.BaseContext | No
     heavy = ("torch", "torch.distributed", "torchvision", "PIL.Image", "numpy")
     forkserver.set_forkserver_preload(["common.forkserver_guard"] + [m for m in heavy if m in sys.modules])
     forkserver.ensure_running()
+    import atexit
+
+    atexit.unregister(_kill_workers)
+    atexit.register(_kill_workers)  # registered after multiprocessing's own exit hook, so it runs before it
     return multiprocessing.get_context("forkserver")
+
+
+def _kill_workers() -> None:
+    """At exit, SIGKILL the DataLoader workers still running (a rank that fails leaves its loaders to the end):
+    multiprocessing's exit hook would send them SIGTERM, which they ignore, and then wait for them for good."""
+    for p in multiprocessing.active_children():
+        if p.daemon:
+            p.kill()
