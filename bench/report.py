@@ -125,11 +125,20 @@ def startup(script: str, mode: str, key: str) -> float:
 
 
 def chaos_row(script: str) -> str:
-    """A BENCHMARKS row from bench/chaos.py's summary line: faults survived / thrown per kind, endings alike."""
-    log = f"chaos_{script}_16cpu.jsonl"
-    (s,) = [json.loads(x)["summary"] for x in text(log).splitlines() if x.startswith('{"summary"')]
-    kinds = " | ".join(f"{s['survived'][k]}/{s['thrown'][k]}" for k in s["thrown"])
-    return f"| {script} | {kinds} | {s['bit_identical']}/{s['endings']} | {s['records_equal']}/{s['endings']} | [[{log}]] |"
+    """A BENCHMARKS row from bench/chaos.py's logs of a script (summed over its runs): faults survived / thrown per
+    kind (SIGTERM of the agent: also how many times the ranks saved and exited 75), endings alike."""
+    logs = sorted(p.name for p in RUNS.glob(f"chaos_{script}_*16cpu.jsonl"))
+    lines = [json.loads(x) for log in logs for x in text(log).splitlines()]
+    runs = [r["summary"] for r in lines if "summary" in r]
+    found(f"chaos_{script}_*16cpu.jsonl", "summary", runs)
+    add = lambda key, kind: sum(r[key][kind] for r in runs)  # noqa: E731
+    saved = sum(r["saved_exit_75"] for r in lines if r.get("fault") == "term agent")
+    kinds = [f"{add('survived', k)}/{add('thrown', k)}" for k in runs[0]["thrown"]]
+    kinds[3] += f" ({saved} saved)"
+    ends = {k: sum(r[k] for r in runs) for k in ("endings", "bit_identical", "records_equal")}
+    return (f"| {script} | {sum(add('thrown', k) for k in runs[0]['thrown'])} | {' | '.join(kinds)} | "
+            f"{ends['bit_identical']}/{ends['endings']} | {ends['records_equal']}/{ends['endings']} | "
+            + ", ".join(f"[[{log}]]" for log in logs) + " |")  # fmt: skip
 
 
 def eff(f, many: str, one: str, n: int) -> float:
@@ -772,15 +781,16 @@ Log: [[startup_gc_2core.json]] (the table as printed: [[startup_gc_2core.txt]]).
 """,
     "chaos": """\
 Random faults thrown at 2-process CPU runs (gloo) under torchrun, each followed by the same command again until the
-run ends: `python3 bench/chaos.py SCRIPT --faults 50 --seed 0 --budget-s 450 --log LOG`, the three scripts at
-once, on 16 CPU cores of an H100 host, torch 2.11, Python 3.12. CIFAR (ResNet-20 on 40 JPEGs, 60 steps) and
-imagenet (ResNet-18 on an ImageFolder of 64 JPEGs, 64 steps) load with a DataLoader worker per rank, the
-transformer (`--preset tiny`, about 80 steps) too. A fault survived when no rank outlived the job and nothing hung;
+run ends: `python3 bench/chaos.py SCRIPT --faults 50 --seed S --budget-s 450 --log LOG`, on 16 CPU cores of an
+H200 host, torch 2.11, Python 3.12 (seed 0 of the three scripts at once, then seeds 1 to 3 of each, nine at once).
+CIFAR (ResNet-20 on 40 JPEGs, 60 steps), imagenet (ResNet-18 on an ImageFolder of 64 JPEGs, 64 steps) and the
+transformer (`--preset tiny`, 81 steps) load with a DataLoader worker per rank. A fault survived when no rank
+outlived the job and nothing hung;
 an ending is bit-identical when every tensor of `last.pt` (weights, optimizer, EMA, scheduler) and the position
 equal the uninterrupted run's, and metrics.jsonl holds the same records, each step once.
 
-| script | SIGKILL of a rank | SIGKILL of rank 0 mid-write | SIGKILL of the agent | SIGTERM of the agent | SIGSTOP, SIGCONT of a rank | endings bit-identical | metrics.jsonl alike | log |
-|---|---|---|---|---|---|---|---|---|
+| script | faults | SIGKILL of a rank | SIGKILL of rank 0 mid-write | SIGKILL of the agent | SIGTERM of the agent | SIGSTOP, SIGCONT of a rank | endings bit-identical | metrics.jsonl alike | logs |
+|---|---|---|---|---|---|---|---|---|---|
 {chaos_cifar}
 {chaos_transformer}
 {chaos_imagenet}
