@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import multiprocessing
 import multiprocessing.util
 import os
 import random
@@ -308,7 +309,10 @@ def _exit_if_launcher_gone() -> None:
         # straight to fd 2, and os._exit: the main thread may be blocked in C (a collective, the dead store)
         os.write(2, f"error: rank {launch.rank}: its launcher ({launch.launcher}, pid {parent}) is gone, so it "
                     "exits too (rerun the command to continue from the last checkpoint)\n".encode())  # fmt: skip
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # then quiet: the main thread's errors are this same event
         threading.Timer(2.0, os._exit, (1,)).start()  # in case a finalizer below blocks
+        for child in multiprocessing.active_children():  # DataLoader workers, before their semaphores go
+            child.kill()
         multiprocessing.util._run_finalizers(0)  # unlink the DataLoader's semaphores, as a normal exit does
         os._exit(1)
 

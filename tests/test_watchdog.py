@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import PY, REPO, TORCHRUN, make_jpeg_imagefolder, run
+from tests.conftest import PY, REPO, TORCHRUN, make_jpeg_imagefolder, popen, run
 
 STALL_EXIT = "exitcode  : 124"  # torchrun's summary of the rank the watchdog ended
 
@@ -27,11 +27,6 @@ def torchrun_imagenet(data, out, *extra):
     return [PY, TORCHRUN, "--standalone", "--nproc_per_node=2", "imagenet/train.py", str(data),
             "-a", "mobilenet_v3_small", "-b", "4", "--train-crop-size", "64", "--val-crop-size", "64",
             "--val-resize-size", "64", "-p", "1", "--output-dir", str(out), *extra]  # fmt: skip
-
-
-def popen(cmd):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def processes():
@@ -140,23 +135,29 @@ def test_frozen_dataloader_worker_ends_the_run(data, tmp_path):
         kill_leftovers(proc, worker)
 
 
-def test_a_killed_process_takes_its_stopped_dataloader_worker_along():
-    """Whatever ends a rank (here SIGKILL, where the watchdog cannot clean up), its DataLoader workers die with it,
-    even a stopped one, and so does their fork server: none is left holding the job's stdout open."""
+@pytest.mark.parametrize("how", ["SIGKILL", "Ctrl-C"])
+def test_a_killed_process_takes_its_stopped_dataloader_worker_along(how):
+    """Whatever ends a rank (SIGKILL, where the watchdog cannot clean up; Ctrl-C, SIGINT to the whole process group,
+    which the worker ignores, then the KeyboardInterrupt's exit with its loader still alive), its DataLoader workers
+    die with it, even a stopped one, and so does their fork server: none is left holding the job's stdout open."""
     code = ("import sys, time, torch; sys.path.insert(0, sys.argv[1]); "
             "from common.data import init_worker, worker_context; "
             "dl = torch.utils.data.DataLoader(range(10**6), batch_size=1, num_workers=1, worker_init_fn=init_worker, "
             "multiprocessing_context=worker_context(1)); it = iter(dl); next(it); print('ready', flush=True); "
             "time.sleep(300)")  # fmt: skip
-    proc = popen([PY, "-c", code, str(REPO)])
+    proc = popen([PY, "-c", code, str(REPO)], start_new_session=True)
     worker = None
     try:
         assert proc.stdout.readline().strip() == "ready"
         (worker,) = dataloader_workers(proc.pid)
         server = processes()[worker][0]
         os.kill(worker, signal.SIGSTOP)
-        os.kill(proc.pid, signal.SIGKILL)
-        communicate(proc, 30)
+        if how == "SIGKILL":
+            os.kill(proc.pid, signal.SIGKILL)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)
+        log = communicate(proc, 30)
+        assert how == "SIGKILL" or "KeyboardInterrupt" in log, log
         deadline = time.time() + 10
         while (worker in processes() or server in processes()) and time.time() < deadline:
             time.sleep(0.05)
