@@ -1,6 +1,6 @@
 """Random faults thrown at 2-process CPU runs under torchrun; each ending compared bit for bit with a faultless run.
 
-    python bench/chaos.py cifar --faults 50 --seed 0 --work /tmp/chaos --log docs/runs/chaos_cifar.jsonl
+    python bench/chaos.py cifar --faults 50 --seed 0 --budget-s 450 --log docs/runs/chaos_cifar_seed0_16cpu.jsonl
 
 A fault is one of: SIGKILL of a rank, SIGKILL of rank 0 in the middle of a checkpoint write, SIGKILL or SIGTERM of
 the torchrun agent, SIGSTOP then SIGCONT of a rank. Each follows a new checkpoint by a random number of steps, and

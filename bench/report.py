@@ -56,6 +56,14 @@ def jpeg(what: str, key: str = "img_per_s"):  # a row of the one bench run of ev
     return row("jpeg_decode_paths_1xh200.json", "imagenet/train.py ResNet-50, 20480 JPEGs of 500x375 q90 (100 KB), " + what, key)
 def eff(many: float, one: float, n: int) -> float: return 100 * many / (n * one)  # per-GPU weak-scaling efficiency, %
 def ms(values: list) -> tuple[float, float]: return mean(values), stdev(values)
+def chaos(script: str) -> tuple:  # bench/chaos.py's runs of a script, summed: survived/thrown per kind, endings alike
+    lines = [json.loads(x) for p in sorted(RUNS.glob(f"chaos_{script}_*16cpu.jsonl")) for x in text(p.name).splitlines()]
+    runs = first(f"chaos_{script}_*16cpu.jsonl", "summary", [[r["summary"] for r in lines if "summary" in r]])
+    add = lambda key, kind="": sum(r[key][kind] if kind else r[key] for r in runs)  # noqa: E731
+    kinds = [f"{add('survived', k)}/{add('thrown', k)}" for k in runs[0]["thrown"]]
+    kinds[3] += f" ({sum(r['saved_exit_75'] for r in lines if r.get('fault') == 'term agent')} saved)"  # exit 75 after a save
+    cells = [script, sum(add("thrown", k) for k in runs[0]["thrown"]), *kinds, *(f"{add(k)}/{add('endings')}" for k in ("bit_identical", "records_equal"))]
+    return (B, "| " + " | ".join(["{}"] * len(cells)) + " |", *cells)
 
 
 def figures() -> list[tuple]:
@@ -187,6 +195,8 @@ def figures() -> list[tuple]:
         (IN, "without CUDA graphs {:,.0f} img/s ({:.1f}% of", ji["tv"], 100 * ji["tv"] / ji["dm"]), (IN, "graphs gave only {:,.0f} img/s.", ji["t8"]),
         (IN, "keeps {:.1f}% per GPU ({:.1f}% without the windows where an epoch starts), against {:.1f}% for `--dummy`",
          eff(js["gpu_decode2"], js["gpu_decode1"], 2), eff(tv_steady[1], tv_steady[0], 2), eff(js["dummy2"], js["dummy1"], 2)),
+        # BENCHMARKS.md, random faults (bench/chaos.py)
+        *[chaos(s) for s in ("cifar", "transformer", "imagenet")],
         # BENCHMARKS.md, process start-up
         *[(B, "| {:.2f} s | {:.2f} s | {:.0f}% | {:.0f} / {:.1f} ms |", on["cpu_median_s"], off["cpu_median_s"], 100 * (1 - off["cpu_median_s"] / on["cpu_median_s"]),
            on["collect_ms_median"], off["collect_ms_median"]) for on, off in ((st[s, "gc on"], st[s, "gc off, frozen"]) for s in ("cifar_resnet", "imagenet", "transformer"))],

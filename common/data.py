@@ -174,16 +174,22 @@ def worker_context(num_workers: int) -> multiprocessing.context.BaseContext | No
     heavy = ("torch", "torch.distributed", "torchvision", "PIL.Image", "numpy")
     forkserver.set_forkserver_preload(["common.forkserver_guard"] + [m for m in heavy if m in sys.modules])
     forkserver.ensure_running()
-    import atexit
-
-    atexit.unregister(_kill_workers)
-    atexit.register(_kill_workers)  # registered after multiprocessing's own exit hook, so it runs before it
-    return multiprocessing.get_context("forkserver")
+    return _WorkerContext()
 
 
-def _kill_workers() -> None:
-    """At exit, SIGKILL the DataLoader workers still running (a rank that fails leaves its loaders to the end):
-    multiprocessing's exit hook would send them SIGTERM, which they ignore, and then wait for them for good."""
-    for p in multiprocessing.active_children():
-        if p.daemon:
-            p.kill()
+if hasattr(multiprocessing.context, "ForkServerProcess"):  # not on Windows
+    from multiprocessing import popen_forkserver
+
+    class _Popen(popen_forkserver.Popen):
+        """Ending a worker means SIGKILL: it ignores SIGTERM (``leave_signals_to_the_rank``), and a rank that fails
+        with a loader alive would otherwise wait for good at its exit, where multiprocessing terminates and joins the
+        workers left (until the launcher's SIGKILL, 30 s later under torchrun; for good under mp.spawn)."""
+
+        def terminate(self) -> None:
+            self.kill()
+
+    class _Worker(multiprocessing.context.ForkServerProcess):  # pickled to the fork server: a module-level class
+        _Popen = staticmethod(_Popen)
+
+    class _WorkerContext(multiprocessing.context.ForkServerContext):
+        Process = _Worker

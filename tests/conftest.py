@@ -43,7 +43,8 @@ TORCHRUN = str(REPO / "tests/helpers/torchrun.py")
 # test_fault.py: its other-script runs are one group, its peer-failure tests go one by one. An uninterrupted reference
 # run that tests in several files compare with (see shared) is made by whichever group needs it first; a group that
 # needs it meanwhile waits.
-SLOWEST_FIRST = ["test_cifar.py", "test_imagenet.py", "test_launchers.py", "test_transformer.py", "test_slurm.py",
+SLOWEST_FIRST = ["test_cifar.py", "test_imagenet.py", "test_launchers.py", "test_transformer.py", "test_chaos.py",
+                 "test_slurm.py",
                  "test_fault.py::other", "test_docs.py", "test_watchdog.py", "test_bench.py", "test_ddp.py",
                  "test_checkpoint.py"]  # fmt: skip
 

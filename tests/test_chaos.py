@@ -51,18 +51,14 @@ def kill_mid_write(out, pid: int) -> None:
 def test_a_schedule_of_faults_ends_as_an_uninterrupted_run(tmp_path, tmp_path_factory):
     """SIGKILL of rank 1; SIGKILL of rank 0 in the middle of a checkpoint write (the temporary file it leaves is gone
     after the rerun); SIGKILL of the torchrun agent (the ranks exit by themselves); SIGTERM of the agent (the ranks
-    save and exit 75); SIGSTOP then SIGCONT of rank 1 (the run finishes); a rerun of the finished run changes
-    nothing. Each fault follows a new checkpoint, so every rerun resumes mid-run."""
+    save and exit 75); SIGSTOP then SIGCONT of rank 1 (the run finishes). Each fault follows a new checkpoint, so
+    every rerun resumes mid-run. (A rerun of a finished run: test_cifar.py::test_final_evaluation_happens_once.)"""
     data, out = cifar_data(tmp_path_factory), tmp_path / "run"
     ref = cifar_loader_reference(tmp_path_factory)
     cmd = torchrun_cmd(2, *cifar_loader_cmd(data, out))
     step, left = 0, []
-    for fault in ("kill rank 1", "kill rank 0 mid-write", "kill agent", "term agent", "stop rank 1", "none"):
+    for fault in ("kill rank 1", "kill rank 0 mid-write", "kill agent", "term agent", "stop rank 1"):
         proc = popen(cmd)
-        if fault == "none":
-            log, _ = proc.communicate(timeout=120)
-            assert proc.returncode == 0 and "nothing to do" in log, log[-3000:]
-            break
         wait_for_step(out, step + 1, proc)
         assert not set(left) & set(writing(out)), "a temporary file of a killed write survived the rerun"
         ranks = [descendants_with_rank(proc.pid, r)[0] for r in (0, 1)]
@@ -80,13 +76,13 @@ def test_a_schedule_of_faults_ends_as_an_uninterrupted_run(tmp_path, tmp_path_fa
             time.sleep(2)
             os.kill(ranks[1], signal.SIGCONT)
         thrown = time.time()
-        log, _ = proc.communicate(timeout=120)
+        log, _ = proc.communicate(timeout=300)  # the last leg trains to the end
         while any(map(alive, ranks)):  # no rank outlives its agent
-            assert time.time() < thrown + 15, f"{fault}: ranks still running after the agent ended"
+            assert time.time() < thrown + 20, f"{fault}: ranks still running after the agent ended"
             time.sleep(0.1)
         # The job ends within seconds, not at the agent's SIGKILL 30 s later (a failed rank's DataLoader workers,
         # which ignore SIGTERM, must not hold its exit).
-        assert fault == "stop rank 1" or time.time() < thrown + 15, (fault, log[-3000:])
+        assert fault == "stop rank 1" or time.time() < thrown + 20, (fault, log[-3000:])
         if fault == "term agent":
             assert "rerun the same command to continue (exit 75)" in log, log[-3000:]
         assert (proc.returncode == 0) == (fault == "stop rank 1"), (fault, proc.returncode, log[-3000:])
