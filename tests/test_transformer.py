@@ -163,6 +163,7 @@ def test_flex_attention_matches_dense_masks_on_gpu():
         torch.testing.assert_close(packed[0, : len(tgt[0]) + 1], model(s0, t0)[0], rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.learning
 def test_beam_search_finds_a_likelier_sequence_than_greedy_on_average():
     model = tiny_model(1)
     src = torch.randint(4, 50, (8, 6))
@@ -394,14 +395,17 @@ def train_in_process(monkeypatch, *args):
     train.run_cli(train.cli)
 
 
+@pytest.mark.learning
 def test_tiny_model_learns_synthetic_translation(tmp_path, monkeypatch):
+    """Learning the reversal is a sudden drop of the loss whose timing moves with rounding (the CPU's kernels, the
+    thread count): many small steps at a high peak LR end the drop well before the last step on every CPU."""
     out = tmp_path / "run"
     train_in_process(monkeypatch, "--synthetic", "--preset", "tiny", "--max-tokens", "1024", "--pack-len", "64",
-                     "--accum-steps", "2", "--lr", "3e-3", "--warmup-steps", "50", "--max-steps", "200",
+                     "--accum-steps", "1", "--lr", "5e-3", "--warmup-steps", "50", "--max-steps", "400",
                      "--eval-every", "1000", "-j", "0", "--output-dir", out)  # fmt: skip
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     val = [r for r in records if r["split"] == "val"]
-    assert val[-1]["step"] == 200 and val[-1]["bleu"] >= 90, val
+    assert val[-1]["step"] == 400 and val[-1]["bleu"] >= 90, val
     assert [r["split"] for r in records].count("test") == 1
     # beam search through translate.py on unseen sentences of the same made-up language pair
     src, ref = synthetic_corpus(99, (0, 0, 30))["test"]
