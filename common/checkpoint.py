@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
-import random
 import re
 import tempfile
 import threading
@@ -51,22 +50,6 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
             model = model._orig_mod
         else:
             return model
-
-
-def rng_state() -> dict[str, Any]:
-    """Torch/CUDA/python RNG states as tensors and primitives (weights_only-safe)."""
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    v, s, g = state["python"]
-    random.setstate((v, tuple(s), g))
-    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 @contextlib.contextmanager
@@ -227,6 +210,18 @@ def resolve_resume(resume: str, output_dir: str | os.PathLike) -> Path | None:
     return p
 
 
+def checkpoint_state(model, optimizer, scheduler, scaler, pos: Position, args, world_size: int, ema=None, **extra):
+    """The one schema of last.pt and best.pt (DESIGN.md), for every script; ``restore_training`` reads it back.
+    ``extra``: a script's own entries, e.g. the tokenizer or the loss window."""
+    state = dict(model=unwrap(model).state_dict(), optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
+                 scaler=scaler.state_dict(), epoch=pos.epoch, step=pos.step, batch_in_epoch=pos.batch_in_epoch,
+                 best_metric=pos.best_metric, eval_step=pos.eval_step, wandb_id=pos.wandb_id, args=vars(args),
+                 world_size=world_size, **extra)  # fmt: skip
+    if ema is not None:
+        state["ema"] = ema.state_dict()
+    return state
+
+
 @dataclass
 class Position:
     """Where training stands: what a checkpoint must record to continue exactly."""
@@ -237,6 +232,9 @@ class Position:
     best_metric: float = 0.0
     wandb_id: str | None = None
     eval_step: int = 0  # the step of the last evaluation whose results are recorded (or of the start)
+
+    def eval_due(self, every: int, epochs: int, max_steps: int) -> bool:
+        return eval_due(every, epochs, self.epoch, self.batch_in_epoch, self.step, max_steps, self.eval_step)
 
 
 def eval_due(every: int, epochs: int, epoch: int, batch_in_epoch: int, step: int, max_steps: int, eval_step: int):
@@ -258,9 +256,11 @@ def restore_training(
     world_size: int,
     batch_size: int,
     accum_steps: int,
+    ema: Any = None,
     extra: dict[str, Any] | None = None,
 ) -> tuple[Position, dict[str, Any]]:
-    """Load a checkpoint into model, optimizer, scheduler, scaler (and ``extra`` objects by key).
+    """Load a checkpoint (``checkpoint_state``'s keys) into model, optimizer, scheduler, scaler, the EMA if any
+    (and ``extra`` objects by key).
 
     If the world size or per-process batch changed, ``batch_in_epoch`` is converted so the epoch continues
     after the same number of samples (the data order from there on differs from an uninterrupted run).
@@ -271,7 +271,7 @@ def restore_training(
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
         scaler.load_state_dict(ckpt["scaler"])
-        for key, obj in (extra or {}).items():
+        for key, obj in (({"ema": ema} if ema is not None else {}) | (extra or {})).items():
             if key in ckpt:
                 obj.load_state_dict(ckpt[key])
     except (KeyError, ValueError, RuntimeError) as e:

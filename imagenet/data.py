@@ -31,7 +31,7 @@ def check_args(args: argparse.Namespace) -> None:
     need(finite(args.lr_gamma) and args.lr_gamma > 0, "--lr-gamma", args.lr_gamma, "must be above 0", "e.g. 0.1")
     for flag, value in (("--mixup-alpha", args.mixup_alpha), ("--cutmix-alpha", args.cutmix_alpha)):
         need(finite(value) and value >= 0, flag, value, "must be a finite number >= 0", "0: off")
-    need(0 <= args.ema_decay < 1, "--ema-decay", args.ema_decay, "must be in [0, 1)", "e.g. 0.9999; 0: off")
+    need(0 <= args.ema < 1, "--ema", args.ema, "must be in [0, 1)", "e.g. 0.9999; 0: off")
     need(0 <= args.start_epoch < args.epochs, "--start-epoch", args.start_epoch, f"must be in 0..{args.epochs - 1}",
          "an epoch before --epochs")  # fmt: skip
     need(args.gpu is None or args.gpu >= 0, "--gpu", args.gpu, "must be 0 or more", "a GPU index")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import functools
 import gc
 import os
 import sys
@@ -64,19 +63,20 @@ from common.distributed import (
 )
 from common.errors import UserError, run_cli
 from common.metrics import LossWindow, MetricsLogger, Progress, prepare_output_dir
-from common.spawn import spawn
 from common.utils import (
+    EMA,
     StopSignal,
     amp_dtype,
     autocast,
     check_finite_loss,
     describe,
     evaluate_classifier,
+    lr_lambda,
     param_groups,
-    warmup_cosine,
 )
 from common.watchdog import CHECKPOINT, Watchdog
 from imagenet.data import MEAN, STD, check_args, collate, fetch_weights, image_folder, weights_file
+from imagenet.spawn import spawn
 
 # Python's cyclic garbage collector would run hundreds of times during the imports above, scanning the same young
 # objects over and over: about a quarter of a process's start-up CPU, paid again by every rank and restart
@@ -167,7 +167,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--warmup-epochs", type=float, help="linear warmup; " + rd("warmup_epochs"))
     g.add_argument("--mixup-alpha", type=float, default=0.0, help="mixup Beta(alpha, alpha) (0: off)")
     g.add_argument("--cutmix-alpha", type=float, default=0.0, help="cutmix Beta(alpha, alpha) (0: off)")
-    g.add_argument("--ema-decay", type=float, default=0.0, help="keep an EMA of the weights, e.g. 0.9999 (0: off)")
+    g.add_argument("--ema", type=float, default=0.0, help="keep an EMA of the weights with this decay, e.g. 0.9999")
     g.add_argument(
         "--amp", choices=("auto", "bf16", "fp16", "none"), default="auto", help="auto: bf16 on GPU, off on CPU"
     )
@@ -199,15 +199,6 @@ def apply_recipe(args: argparse.Namespace) -> argparse.Namespace:
         if getattr(args, k) is None:
             setattr(args, k, v)
     return args
-
-
-def make_lr_fn(args: argparse.Namespace, steps_per_epoch: int):
-    """LR multiplier as a pure function of the optimizer step (so a resume lands on the same value)."""
-    warmup = round(args.warmup_epochs * steps_per_epoch)
-    if args.lr_schedule == "cosine":
-        return functools.partial(warmup_cosine, warmup=warmup, total=args.epochs * steps_per_epoch)
-    every = args.lr_step_size * steps_per_epoch  # main.py: lr * 0.1 ** (epoch // 30)
-    return lambda s: min(1.0, (s + 1) / warmup if warmup else 1.0) * args.lr_gamma ** (s // every)
 
 
 # ------------------------------------------------------------------ model
@@ -377,11 +368,8 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
     # --compile-mode reduce-overhead replays the forward and backward as CUDA graphs: a step costs the host almost
     # nothing to launch, which matters most with --gpu-decode, whose threads share the interpreter (BENCHMARKS.md).
     train_model = torch.compile(model, mode=args.compile_mode) if args.compile else model
-    ema = None
-    if args.ema_decay > 0:  # updated on every rank from the same weights; BN buffers are synced before eval
-        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-
-        ema = AveragedModel(model_without_ddp, multi_avg_fn=get_ema_multi_avg_fn(args.ema_decay), use_buffers=True)
+    # updated on every rank from the same weights, on the device; BN buffers are synced before eval
+    ema = EMA(model_without_ddp, args.ema) if args.ema else None
     mix = None
     if args.mixup_alpha > 0 or args.cutmix_alpha > 0:  # on the device batch; soft targets go to the loss
         from torchvision.transforms import v2
@@ -397,7 +385,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
         lr=lr,
         momentum=args.momentum,
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, make_lr_fn(args, steps_per_epoch))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(args, steps_per_epoch))
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
 
@@ -406,7 +394,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
     if ckpt_path is not None:
         pos, ckpt = restore_training(ckpt_path, model_without_ddp, optimizer, scheduler, scaler,
                                   world_size=info.world_size, batch_size=args.batch_size,
-                                  accum_steps=args.accum_steps, extra={"model_ema": ema} if ema else None)  # fmt: skip
+                                  accum_steps=args.accum_steps, ema=ema)  # fmt: skip
     epoch, step, batch_in_epoch, best, wandb_id = pos.epoch, pos.step, pos.batch_in_epoch, pos.best_metric, pos.wandb_id
     at = epoch * steps_per_epoch + batch_in_epoch // args.accum_steps  # where the LR schedule should be
     set_schedule_position(scheduler, at, lr)
@@ -428,7 +416,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
                          batch_in_epoch=batch_in_epoch, best_metric=best, eval_step=eval_step, args=vars(args),
                          world_size=info.world_size, wandb_id=wandb_id, arch=args.arch, num_classes=num_classes,
                          loss_window=window)  # fmt: skip
-            writer.save({**state, **({"model_ema": ema.state_dict()} if ema else {})}, out / name, keep_last)
+            writer.save({**state, **({"ema": ema.state_dict()} if ema else {})}, out / name, keep_last)
         return time.time() - t
 
     config = logger.write_config(
@@ -480,9 +468,9 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
-            if ema is not None:
-                ema.update_parameters(model_without_ddp)
             step += 1
+            if ema is not None:
+                ema.update(step)
             batch_in_epoch += args.accum_steps
             loss_window.n += args.accum_steps
             if step % args.print_freq == 0 or step == max_steps:
@@ -510,7 +498,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
             broadcast_buffers(model_without_ddp)  # every rank evaluates rank 0's BN statistics, as saved
             m = evaluate_classifier(eval_model, watchdog.batches(val_batches(), evaluating=True), device, dtype)
             if ema is not None:
-                broadcast_buffers(ema)
+                broadcast_buffers(ema.module)
                 m_ema = evaluate_classifier(ema.module, watchdog.batches(val_batches(), evaluating=True), device, dtype)
                 m.update({f"ema_{k}": m_ema[k] for k in ("loss", "acc1", "acc5")})
             log_eval(m, epoch, step)

@@ -419,7 +419,7 @@ def main(args: argparse.Namespace) -> None:
     )
     total_steps = sampler.steps_before(args.epochs)
     max_steps = min(total_steps, args.max_steps or total_steps)
-    progress = Progress(info, max_steps, step, unit="tok")
+    progress = Progress(info, max_steps, step)
     stop = StopSignal()
     watchdog = Watchdog(args.stall_timeout, info.rank)  # a stall becomes stacks and an exit
 
