@@ -254,18 +254,21 @@ def restore_training(
     scaler: Any,
     *,
     world_size: int,
-    batch_size: int,
     accum_steps: int,
+    batch_size: int | None = None,
     ema: Any = None,
     extra: dict[str, Any] | None = None,
+    ckpt: dict[str, Any] | None = None,
+    resize: str = "convert",
 ) -> tuple[Position, dict[str, Any]]:
-    """Load a checkpoint (``checkpoint_state``'s keys) into model, optimizer, scheduler, scaler, the EMA if any
-    (and ``extra`` objects by key).
+    """Load a checkpoint (``checkpoint_state``'s keys; ``ckpt`` if already loaded) into model, optimizer,
+    scheduler, scaler, the EMA if any (and ``extra`` objects by key).
 
-    If the world size or per-process batch changed, ``batch_in_epoch`` is converted so the epoch continues
-    after the same number of samples (the data order from there on differs from an uninterrupted run).
+    If the world size or per-process batch changed, ``resize="convert"`` continues the epoch after the same number
+    of samples; ``"next_epoch"`` (batches that are not a fixed number of samples) continues at the next epoch
+    boundary. Either way the data order from there on differs from an uninterrupted run.
     """
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(path) if ckpt is None else ckpt
     load_model_state(model, ckpt["model"], path)
     try:
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -279,8 +282,19 @@ def restore_training(
     pos = Position(ckpt["epoch"], ckpt["step"], ckpt["batch_in_epoch"], ckpt["best_metric"], ckpt.get("wandb_id"),
                    ckpt.get("eval_step", ckpt["step"]))  # fmt: skip
     print0(f"resumed from {path}: epoch {pos.epoch}, step {pos.step}, batch {pos.batch_in_epoch} of the epoch")
-    old_world = ckpt.get("world_size", world_size)
-    old_micro = ckpt.get("args", {}).get("batch_size", batch_size) * old_world  # samples per micro-batch
+    old_world, old_args = ckpt.get("world_size", world_size), ckpt.get("args", {})
+    if resize == "next_epoch":
+        old_accum = old_args.get("accum_steps")
+        if (old_world, old_accum) != (world_size, accum_steps):
+            print0(
+                f"note: checkpoint was written with world size {old_world} x accum {old_accum}, now "
+                f"{world_size} x {accum_steps}; continuing at the next epoch boundary "
+                "(the data order differs from an uninterrupted run)"
+            )
+            pos.epoch, pos.batch_in_epoch = pos.epoch + (pos.batch_in_epoch > 0), 0
+            ckpt = {k: v for k, v in ckpt.items() if k != "loss_window"}
+        return pos, ckpt
+    old_micro = old_args.get("batch_size", batch_size) * old_world  # samples per micro-batch
     if old_micro != batch_size * world_size:
         pos.batch_in_epoch = pos.batch_in_epoch * old_micro // (batch_size * world_size)
         pos.batch_in_epoch -= pos.batch_in_epoch % accum_steps
