@@ -174,12 +174,12 @@ def worker_context(num_workers: int) -> multiprocessing.context.BaseContext | No
     forkserver.ensure_running()
     import atexit
 
-    atexit.unregister(_kill_workers)
-    atexit.register(_kill_workers)  # registered after multiprocessing's own exit hook, so it runs before it
+    atexit.unregister(kill_workers)
+    atexit.register(kill_workers)  # registered after multiprocessing's own exit hook, so it runs before it
     return multiprocessing.get_context("forkserver")
 
 
-def _kill_workers() -> None:
+def kill_workers() -> None:
     """At exit, SIGKILL the DataLoader workers still running (a rank that fails leaves its loaders to the end):
     multiprocessing's exit hook would send them SIGTERM, which they ignore, and then wait for them for good."""
     for p in multiprocessing.active_children():

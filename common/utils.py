@@ -73,27 +73,22 @@ def evaluate_classifier(
 ) -> dict[str, float]:
     """Exact metrics: every sample counted once over all ranks, sums all-reduced (loss, acc1, acc5, count).
 
-    ``batches`` yields ``(x, y)`` or ``(x, y, n_unreadable)`` (x may be None when a whole batch was unreadable).
-    Use the bare model (not DDP): ranks may hold different numbers of batches. No host syncs inside the loop.
+    ``batches`` yields this rank's ``(x, y)``. Use the bare model (not DDP): ranks may hold different numbers of
+    batches. No host syncs inside the loop.
     """
     model.eval()
-    sums = torch.zeros(5, device=device, dtype=torch.float64)  # loss, correct1, correct5, count, skipped
-    for x, y, *bad in batches:
-        if bad and bad[0]:
-            sums[4] += bad[0]
-        if x is None:
-            continue
+    sums = torch.zeros(4, device=device, dtype=torch.float64)  # loss, correct1, correct5, count
+    for x, y in batches:
         with autocast(device, dtype):
             logits = model(x).float()
             if tta:  # average with the mirrored image
                 logits = (logits + model(torch.flip(x, dims=[3])).float()) / 2
         hit = logits.topk(min(5, logits.shape[1]), dim=1).indices == y[:, None]  # (batch, k): right at rank j?
         loss = F.cross_entropy(logits.double(), y, reduction="sum")
-        sums[:4] += torch.stack([loss, hit[:, 0].sum(), hit.any(dim=1).sum(), torch.full_like(loss, len(y))])
-    loss, c1, c5, n, bad = all_reduce_sum(sums).tolist()
+        sums += torch.stack([loss, hit[:, 0].sum(), hit.any(dim=1).sum(), torch.full_like(loss, len(y))])
+    loss, c1, c5, n = all_reduce_sum(sums).tolist()
     model.train()
-    m = {"loss": loss / max(n, 1), "acc1": 100 * c1 / max(n, 1), "acc5": 100 * c5 / max(n, 1), "count": int(n)}
-    return {**m, "skipped": int(bad)} if bad else m
+    return {"loss": loss / max(n, 1), "acc1": 100 * c1 / max(n, 1), "acc5": 100 * c5 / max(n, 1), "count": int(n)}
 
 
 class EMA:

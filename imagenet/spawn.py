@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from common.data import kill_workers
 from common.distributed import LaunchEnv, cleanup_distributed
 from common.errors import UserError
 from common.utils import PREEMPTED_EXIT_CODE
@@ -33,6 +34,9 @@ def _worker(local_rank: int, main: Callable, args: Any, nprocs: int, node_rank: 
         sys.exit(2)
     finally:
         cleanup_distributed()
+        # A spawned process runs multiprocessing's exit (SIGTERM to its children, then a wait) before any atexit
+        # hook: DataLoader workers ignore SIGTERM, so they are killed here, as kill_workers does at exit elsewhere.
+        kill_workers()
 
 
 def spawn(main: Callable[[argparse.Namespace, LaunchEnv], None], args: argparse.Namespace, nprocs: int) -> None:

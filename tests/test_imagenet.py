@@ -19,6 +19,7 @@ import torch
 from conftest import PY, REPO, free_port, make_jpeg_imagefolder, run, run_records, torchrun
 
 from common.utils import lr_lambda
+from imagenet.data import apply_recipe, get_args_parser
 
 SCRIPT = str(REPO / "imagenet" / "train.py")
 N_TRAIN, N_VAL = 37, 25
@@ -195,7 +196,7 @@ def m():
 
 
 def test_recipes_fill_unset_flags_and_schedules(m):
-    parse = lambda *a: m.apply_recipe(m.get_args_parser().parse_args(list(a)))  # noqa: E731
+    parse = lambda *a: apply_recipe(get_args_parser().parse_args(list(a)))  # noqa: E731
     c = parse("DATA")
     assert (c.lr, c.momentum, c.weight_decay, c.label_smoothing, c.lr_schedule, c.norm_bias_decay) == (
         0.1, 0.9, 1e-4, 0.0, "step", True,
