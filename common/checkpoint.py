@@ -234,16 +234,13 @@ class Position:
     eval_step: int = 0  # the step of the last evaluation whose results are recorded (or of the start)
 
     def eval_due(self, every: int, epochs: int, max_steps: int) -> bool:
-        return eval_due(every, epochs, self.epoch, self.batch_in_epoch, self.step, max_steps, self.eval_step)
-
-
-def eval_due(every: int, epochs: int, epoch: int, batch_in_epoch: int, step: int, max_steps: int, eval_step: int):
-    """Is an evaluation due at this position? After every ``every``-th epoch and the last one, and at the last step;
-    never twice at one step: ``eval_step`` is the step of the last recorded one. A function of the position alone,
-    so that a run stopped before or during an evaluation does it on resume."""
-    if every <= 0 or step == eval_step:
-        return False
-    return (batch_in_epoch == 0 and epoch > 0 and (epoch % every == 0 or epoch == epochs)) or step >= max_steps
+        """Is an evaluation due here? After every ``every``-th epoch and the last one, and at the last step; never
+        twice at one step (``eval_step``). A function of the position alone, so that a run stopped before or
+        during an evaluation does it on resume."""
+        if every <= 0 or self.step == self.eval_step:
+            return False
+        end_of_epoch = self.batch_in_epoch == 0 and self.epoch > 0
+        return (end_of_epoch and (self.epoch % every == 0 or self.epoch == epochs)) or self.step >= max_steps
 
 
 def restore_training(
