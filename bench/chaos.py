@@ -152,7 +152,7 @@ def inject(kind: str, proc: subprocess.Popen, out: Path, rng: random.Random, tar
 def compare(ref: Path, out: Path) -> dict[str, bool]:
     a, b = (torch.load(d / "last.pt", weights_only=True) for d in (ref, out))
     keys = [k for k in a if isinstance(a[k], torch.Tensor) or k in ("model", "optimizer", "scheduler", "ema",
-            "model_ema", "epoch", "step", "batch_in_epoch", "best_metric", "eval_step")]  # fmt: skip
+            "epoch", "step", "batch_in_epoch", "best_metric", "eval_step")]  # fmt: skip
     recs = [[json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()] for d in (ref, out)]
     recs = [[{k: v for k, v in r.items() if k not in CLOCK} for r in rs if r["split"] != "time"] for rs in recs]
     return {"identical": all(same(a[k], b.get(k)) for k in keys), "records_equal": recs[0] == recs[1]}

@@ -16,7 +16,7 @@
 #   scaling      transformer base weak scaling on Multi30k x 8, --compile: 1, 2, ... GPUs side by side
 #   bleu         Multi30k de->en and en->de (small preset, --compile, 1 GPU)
 #   restart      elastic restart after SIGKILL, and the checkpoint's size and save time (bench/kill_restart.py)
-#   nccl         all_reduce bus bandwidth (common.doctor)
+#   nccl         all_reduce bus bandwidth (scripts.doctor)
 #
 # --gpus N (default: every visible GPU) runs the multi-GPU parts on 1, 2, 4, ... up to N GPUs. Data: the CIFAR-10
 # JPEGs as $CIFAR_TAR (default .data/train.tar.xz), Multi30k as $MULTI30K (default .data/multi30k: train.de.gz,
@@ -191,7 +191,7 @@ restart)
   ;;
 nccl)
   for n in "${counts[@]}"; do
-    if [ "$n" -gt 1 ]; then torchrun --standalone --nproc_per_node="$n" -m common.doctor --size-mb 256 --iters 20; fi
+    if [ "$n" -gt 1 ]; then torchrun --standalone --nproc_per_node="$n" -m scripts.doctor --size-mb 256 --iters 20; fi
   done
   ;;
 esac 2>&1 | tee -a "$out/console_$workload.log"

@@ -235,6 +235,13 @@ def to_uint8_tensors(ds) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(xs).permute(0, 2, 3, 1).contiguous(), torch.cat(ys)
 
 
+def eval_transform(args):
+    """The DataLoader path's evaluation transform: float, normalized (synthetic images are tensors already)."""
+    import torchvision.transforms as T
+
+    return T.Compose([T.ToTensor() if not args.synthetic else T.ConvertImageDtype(torch.float), T.Normalize(MEAN, STD)])
+
+
 def train_transform(args, tf_eval):
     """The DataLoader path's augmentation: the same as the GPU path's, one PIL image at a time."""
     import torchvision.transforms as T
@@ -246,6 +253,33 @@ def train_transform(args, tf_eval):
 
 
 # ------------------------------------------------------------------ GPU path: a batch at a time, on the device
+
+
+class DeviceData:
+    """--gpu-data: the whole uint8 dataset on the device (padded once for the random crop), augmented there a batch
+    at a time with a generator seeded per batch, so that a resume mid-epoch is exact."""
+
+    def __init__(self, train_ds, eval_ds, device: torch.device):
+        import torch.nn.functional as F
+
+        train_x, self.train_y = (t.to(device) for t in to_uint8_tensors(train_ds))
+        self.eval_x, self.eval_y = (t.to(device) for t in to_uint8_tensors(eval_ds))
+        self.train_x = F.pad(train_x.permute(0, 3, 1, 2), (4, 4, 4, 4), mode="reflect").permute(0, 2, 3, 1).contiguous()
+
+    def train_batches(self, indices: list[int], batch_size: int, erasing: float, seed: int, epoch: int, rank: int,
+                      start: int):  # fmt: skip
+        """Normalized, augmented (x, y) batches of ``indices``; ``start``: the index of the first batch in its epoch."""
+        gen = torch.Generator(self.train_x.device)
+        idx = torch.tensor(indices, device=self.train_x.device, dtype=torch.long)
+        # no indices: resumed at the epoch's last step, where split() would still give one empty batch
+        for i, b in enumerate(idx.split(batch_size) if indices else (), start=start):
+            gen.manual_seed(mix_seed(seed, epoch, rank, i))
+            x = normalize(gpu_crop_flip(self.train_x[b], gen))
+            yield (gpu_random_erasing(x, erasing, gen) if erasing else x), self.train_y[b]
+
+    def eval_batches(self, rank: int, world_size: int):
+        for b in torch.arange(rank, len(self.eval_y), world_size, device=self.eval_y.device).split(512):
+            yield normalize(self.eval_x[b]), self.eval_y[b]
 
 
 _MEAN_STD: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}

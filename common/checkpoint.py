@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
-import random
 import re
 import tempfile
 import threading
@@ -51,22 +50,6 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
             model = model._orig_mod
         else:
             return model
-
-
-def rng_state() -> dict[str, Any]:
-    """Torch/CUDA/python RNG states as tensors and primitives (weights_only-safe)."""
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    v, s, g = state["python"]
-    random.setstate((v, tuple(s), g))
-    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 @contextlib.contextmanager
@@ -227,6 +210,18 @@ def resolve_resume(resume: str, output_dir: str | os.PathLike) -> Path | None:
     return p
 
 
+def checkpoint_state(model, optimizer, scheduler, scaler, pos: Position, args, world_size: int, ema=None, **extra):
+    """The one schema of last.pt and best.pt (DESIGN.md), for every script; ``restore_training`` reads it back.
+    ``extra``: a script's own entries, e.g. the tokenizer or the loss window."""
+    state = dict(model=unwrap(model).state_dict(), optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
+                 scaler=scaler.state_dict(), epoch=pos.epoch, step=pos.step, batch_in_epoch=pos.batch_in_epoch,
+                 best_metric=pos.best_metric, eval_step=pos.eval_step, wandb_id=pos.wandb_id, args=vars(args),
+                 world_size=world_size, **extra)  # fmt: skip
+    if ema is not None:
+        state["ema"] = ema.state_dict()
+    return state
+
+
 @dataclass
 class Position:
     """Where training stands: what a checkpoint must record to continue exactly."""
@@ -238,14 +233,14 @@ class Position:
     wandb_id: str | None = None
     eval_step: int = 0  # the step of the last evaluation whose results are recorded (or of the start)
 
-
-def eval_due(every: int, epochs: int, epoch: int, batch_in_epoch: int, step: int, max_steps: int, eval_step: int):
-    """Is an evaluation due at this position? After every ``every``-th epoch and the last one, and at the last step;
-    never twice at one step: ``eval_step`` is the step of the last recorded one. A function of the position alone,
-    so that a run stopped before or during an evaluation does it on resume."""
-    if every <= 0 or step == eval_step:
-        return False
-    return (batch_in_epoch == 0 and epoch > 0 and (epoch % every == 0 or epoch == epochs)) or step >= max_steps
+    def eval_due(self, every: int, epochs: int, max_steps: int) -> bool:
+        """Is an evaluation due here? After every ``every``-th epoch and the last one, and at the last step; never
+        twice at one step (``eval_step``). A function of the position alone, so that a run stopped before or
+        during an evaluation does it on resume."""
+        if every <= 0 or self.step == self.eval_step:
+            return False
+        end_of_epoch = self.batch_in_epoch == 0 and self.epoch > 0
+        return (end_of_epoch and (self.epoch % every == 0 or self.epoch == epochs)) or self.step >= max_steps
 
 
 def restore_training(
@@ -256,22 +251,27 @@ def restore_training(
     scaler: Any,
     *,
     world_size: int,
-    batch_size: int,
     accum_steps: int,
+    batch_size: int | None = None,
+    ema: Any = None,
     extra: dict[str, Any] | None = None,
+    ckpt: dict[str, Any] | None = None,
+    resize: str = "convert",
 ) -> tuple[Position, dict[str, Any]]:
-    """Load a checkpoint into model, optimizer, scheduler, scaler (and ``extra`` objects by key).
+    """Load a checkpoint (``checkpoint_state``'s keys; ``ckpt`` if already loaded) into model, optimizer,
+    scheduler, scaler, the EMA if any (and ``extra`` objects by key).
 
-    If the world size or per-process batch changed, ``batch_in_epoch`` is converted so the epoch continues
-    after the same number of samples (the data order from there on differs from an uninterrupted run).
+    If the world size or per-process batch changed, ``resize="convert"`` continues the epoch after the same number
+    of samples; ``"next_epoch"`` (batches that are not a fixed number of samples) continues at the next epoch
+    boundary. Either way the data order from there on differs from an uninterrupted run.
     """
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(path) if ckpt is None else ckpt
     load_model_state(model, ckpt["model"], path)
     try:
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
         scaler.load_state_dict(ckpt["scaler"])
-        for key, obj in (extra or {}).items():
+        for key, obj in (({"ema": ema} if ema is not None else {}) | (extra or {})).items():
             if key in ckpt:
                 obj.load_state_dict(ckpt[key])
     except (KeyError, ValueError, RuntimeError) as e:
@@ -279,8 +279,19 @@ def restore_training(
     pos = Position(ckpt["epoch"], ckpt["step"], ckpt["batch_in_epoch"], ckpt["best_metric"], ckpt.get("wandb_id"),
                    ckpt.get("eval_step", ckpt["step"]))  # fmt: skip
     print0(f"resumed from {path}: epoch {pos.epoch}, step {pos.step}, batch {pos.batch_in_epoch} of the epoch")
-    old_world = ckpt.get("world_size", world_size)
-    old_micro = ckpt.get("args", {}).get("batch_size", batch_size) * old_world  # samples per micro-batch
+    old_world, old_args = ckpt.get("world_size", world_size), ckpt.get("args", {})
+    if resize == "next_epoch":
+        old_accum = old_args.get("accum_steps")
+        if (old_world, old_accum) != (world_size, accum_steps):
+            print0(
+                f"note: checkpoint was written with world size {old_world} x accum {old_accum}, now "
+                f"{world_size} x {accum_steps}; continuing at the next epoch boundary "
+                "(the data order differs from an uninterrupted run)"
+            )
+            pos.epoch, pos.batch_in_epoch = pos.epoch + (pos.batch_in_epoch > 0), 0
+            ckpt = {k: v for k, v in ckpt.items() if k != "loss_window"}
+        return pos, ckpt
+    old_micro = old_args.get("batch_size", batch_size) * old_world  # samples per micro-batch
     if old_micro != batch_size * world_size:
         pos.batch_in_epoch = pos.batch_in_epoch * old_micro // (batch_size * world_size)
         pos.batch_in_epoch -= pos.batch_in_epoch % accum_steps

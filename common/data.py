@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from common.distributed import mix_seed
+from common.distributed import STOP_SIGNALS, mix_seed
 
 
 class ResumableDistributedSampler(Sampler):
@@ -28,10 +28,10 @@ class ResumableDistributedSampler(Sampler):
     number of samples, so every rank runs the same number of steps (no DDP hang).
     """
 
-    def __init__(self, num_samples: int, rank: int = 0, world_size: int = 1, seed: int = 0, shuffle: bool = True):
+    def __init__(self, num_samples: int, rank: int = 0, world_size: int = 1, seed: int = 0):
         if num_samples < world_size:
             raise ValueError(f"{num_samples} samples cannot be split over {world_size} ranks")
-        self.n, self.rank, self.world, self.seed, self.shuffle = num_samples, rank, world_size, seed, shuffle
+        self.n, self.rank, self.world, self.seed = num_samples, rank, world_size, seed
         self.per_rank = num_samples // world_size  # drop the tail so ranks stay equal
         self.epoch, self.skip = 0, 0
 
@@ -40,11 +40,8 @@ class ResumableDistributedSampler(Sampler):
         self.epoch, self.skip = epoch, skip
 
     def indices(self) -> list[int]:
-        if self.shuffle:
-            g = torch.Generator().manual_seed(mix_seed(self.seed, self.epoch))
-            order = torch.randperm(self.n, generator=g).tolist()
-        else:
-            order = list(range(self.n))
+        g = torch.Generator().manual_seed(mix_seed(self.seed, self.epoch))
+        order = torch.randperm(self.n, generator=g).tolist()
         return order[: self.per_rank * self.world][self.rank :: self.world]
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
@@ -110,7 +107,7 @@ def die_with_parent() -> None:
 
 
 def leave_signals_to_the_rank() -> None:
-    """Ignore SIGINT and the stop signals (``common.utils.STOP_SIGNALS``) in a DataLoader worker and its fork server.
+    """Ignore SIGINT and the stop signals (``STOP_SIGNALS``) in a DataLoader worker and its fork server.
 
     torchrun's agent forwards a signal to each rank's whole process group (os.killpg), Slurm signals every process
     of a job step, a terminal's Ctrl-C the whole foreground group. Left to their defaults, the workers die of it
@@ -119,8 +116,6 @@ def leave_signals_to_the_rank() -> None:
     decides; its workers die with it (``die_with_parent``), and the stall watchdog SIGKILLs a stuck one.
     """
     import signal
-
-    from common.utils import STOP_SIGNALS
 
     for name in ("SIGINT", *STOP_SIGNALS):
         signal.signal(getattr(signal, name), signal.SIG_IGN)
@@ -152,18 +147,20 @@ def loader_generator(seed: int, rank: int) -> torch.Generator:
     return torch.Generator().manual_seed(mix_seed(seed, rank))
 
 
+def loader_kwargs(workers: int, seed: int, rank: int, device: torch.device) -> dict[str, Any]:
+    """DataLoader arguments every script uses: fork-server workers that die with their rank, seeded by (seed, rank)."""
+    return dict(num_workers=workers, pin_memory=device.type == "cuda", worker_init_fn=init_worker,
+                persistent_workers=workers > 0, generator=loader_generator(seed, rank),
+                multiprocessing_context=worker_context(workers))  # fmt: skip
+
+
 def worker_context(num_workers: int) -> multiprocessing.context.BaseContext | None:
     """DataLoader ``multiprocessing_context``: workers forked from a fork server, never from the training process.
 
-    By the time a loader starts its workers, a rank runs threads of its own (gloo's, NCCL's watchdog), and these
-    take the GIL now and then, e.g. to release a tensor after a collective. A worker forked at such an instant
-    inherits a lock held by a thread that does not exist in it, and waits for it forever; the loader then waits for
-    the worker, and the other ranks for this one. Python before 3.11.10 and 3.12 hangs this way inside ``os.fork()``
-    whenever a C++ thread was creating its Python thread state (CPython gh-112275): twice in about 6,200 iterations of
-    bench/fork_stress.py (two CPU ranks, gloo work in flight), never in 7,100 with the fork server. The fork server
-    is a fresh single-threaded process that imports torch once (with the cyclic GC off: common/forkserver_guard.py;
-    pair this context with ``worker_init_fn=init_worker``, which turns it back on in each worker); it is started
-    here, at once, so its imports overlap the model's construction.
+    A rank runs threads of its own (gloo's, NCCL's watchdog), and a worker forked while one of them holds a lock
+    inherits the lock and waits for it forever (CPython gh-112275). The fork server is a fresh single-threaded
+    process that imports torch once (``forkserver_guard``; pair with ``worker_init_fn=init_worker``); started here,
+    at once, so that its imports overlap the model's construction.
     """
     if num_workers <= 0 or "forkserver" not in multiprocessing.get_all_start_methods():
         return None  # no workers, or spawn (macOS, Windows): nothing is forked
@@ -172,7 +169,8 @@ def worker_context(num_workers: int) -> multiprocessing.context.BaseContext | No
 
     # The server imports these once, not every worker again (Python's own preload of __main__ finds no main path).
     heavy = ("torch", "torch.distributed", "torchvision", "PIL.Image", "numpy")
-    forkserver.set_forkserver_preload(["common.forkserver_guard"] + [m for m in heavy if m in sys.modules])
+    guard = f"{__package__}.forkserver_guard" if __package__ else "forkserver_guard"  # whatever common/ is called
+    forkserver.set_forkserver_preload([guard] + [m for m in heavy if m in sys.modules])
     forkserver.ensure_running()
     return _WorkerContext()
 

@@ -30,7 +30,8 @@ import torch.distributed as dist
 
 from common.checks import check_dist_url, check_host_port
 from common.errors import UserError
-from common.watchdog import DEFAULT_STALL_TIMEOUT
+
+STOP_SIGNALS = ("SIGTERM", "SIGUSR2")  # a rank stops on these at a step boundary; its DataLoader workers ignore them
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def add_dist_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--stall-timeout",
         type=float,
-        default=DEFAULT_STALL_TIMEOUT,
+        default=1200.0,  # longer than a healthy first step with torch.compile; twice --dist-timeout's default
         help="seconds without training progress (no batch, step, eval batch or checkpoint done) before a rank dumps "
         "every thread's stack and exits with code 124 for the launcher to restart (0: off). The first step (worker "
         "start-up, torch.compile: ~6 min for a whole model, NCCL init) gets at least 1200 s in any case. The "
@@ -416,12 +417,6 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     """Sum a tensor over all ranks (in place) and return it."""
     if is_dist():
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t
-
-
-def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
-    if is_dist():
-        all_reduce_sum(t).div_(dist.get_world_size())
     return t
 
 

@@ -6,7 +6,7 @@ collector on, in ``init_worker``), dies with the rank that started it, and its w
 import gc
 
 gc.disable()
-from common.data import die_with_parent, leave_signals_to_the_rank  # noqa: E402
+from .data import die_with_parent, leave_signals_to_the_rank  # noqa: E402
 
 die_with_parent()
 leave_signals_to_the_rank()

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from common.checkpoint import atomic_write
 from common.distributed import DistInfo, all_reduce_sum, at_cleanup, broadcast_object, is_dist
 from common.errors import UserError
+from common.utils import check_finite_loss
 
 
 def _git_commit() -> str | None:
@@ -195,17 +196,46 @@ class LossWindow:
         self.sum.zero_()
         self.n, self.step0, self.t0 = 0, step, time.time()
 
-    def state(self) -> dict[str, Any]:
+    def mean(self, step: int) -> float:
+        """The loss averaged over every rank's window, ``n`` units each (a log point's one host sync); a NaN or
+        infinite loss stops the run."""
+        loss = all_reduce_sum(self.sum.clone()).item() / (self.n * self.world)
+        check_finite_loss(loss, step)
+        return loss
+
+    def state(self, step: int | None = None) -> dict[str, Any]:
+        """Every rank's sum, for last.pt; with ``step``, a NaN or infinite loss stops the run before a save."""
         sums = torch.zeros(self.world, device=self.sum.device)
         sums[self.rank] = self.sum  # the others' entries stay 0: the sum gathers each rank's value bit for bit
-        return {"sums": all_reduce_sum(sums), "n": self.n, "step0": self.step0, "seconds": time.time() - self.t0}
+        sums = all_reduce_sum(sums)
+        if step is not None:
+            check_finite_loss(sums.sum(), step)
+        return {"sums": sums, "n": self.n, "step0": self.step0, "seconds": time.time() - self.t0}
+
+
+class Clock:
+    """Wall time by phase since the process started (start, data, compile, eval, checkpoint; train is the rest),
+    plus what the run's earlier processes spent up to their last checkpoint (``carried``, from last.pt)."""
+
+    def __init__(self, t_process: float, t_start: float, t_data: float):
+        self.parts = {"start": t_start - t_process, "data": t_data - t_start, "eval": 0.0, "checkpoint": 0.0}
+        self.t_process, self.t_data, self.carried = t_process, t_data, {}
+
+    def total(self) -> dict[str, float]:
+        now = {**self.parts, "wall": time.time() - self.t_process}
+        return {k: now.get(k, 0.0) + self.carried.get(k, 0.0) for k in {*now, *self.carried}}
+
+    def record(self) -> dict[str, float]:
+        total = self.total()
+        total["train"] = 2 * total["wall"] - sum(v for k, v in total.items() if k != "train")
+        return {k: total.get(k, 0.0) for k in ("start", "data", "compile", "train", "eval", "checkpoint", "wall")}
 
 
 class Progress:
     """Rank-0 progress: tqdm on a terminal, plain periodic lines otherwise (CI, Slurm logs)."""
 
-    def __init__(self, info: DistInfo, total: int, initial: int = 0, unit: str = "img"):
-        self.enabled, self.total, self.unit = info.is_main, total, unit
+    def __init__(self, info: DistInfo, total: int, initial: int = 0):
+        self.enabled, self.total = info.is_main, total
         self.bar = None
         self.start, self.start_step = time.time(), initial
         if self.enabled and sys.stderr.isatty() and os.environ.get("CI") is None:

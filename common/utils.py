@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import math
 import os
 import signal
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from common.distributed import all_reduce_sum, is_dist, print0
+from common.distributed import STOP_SIGNALS, all_reduce_sum, is_dist, print0
 from common.errors import UserError
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "stopped on a signal after saving; rerun the same command"
-STOP_SIGNALS = ("SIGTERM", "SIGUSR2")  # a rank stops on these at a step boundary; its DataLoader workers ignore them
 
 
 def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
@@ -43,6 +44,20 @@ def warmup_cosine(step: int, warmup: int, total: int, final: float = 0.0) -> flo
     return final + (1 - final) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def lr_lambda(args: Any, steps_per_epoch: int) -> Callable[[int], float]:
+    """``--lr-schedule`` as an LR multiplier, a pure function of the optimizer step (a resume lands on the same
+    value): cosine after ``--warmup-epochs`` of linear warmup; onecycle, linear up to the peak at 25% and down to 0;
+    step, x ``--lr-gamma`` every ``--lr-step-size`` epochs after the warmup (pytorch/examples' main.py)."""
+    warmup, total = round(args.warmup_epochs * steps_per_epoch), args.epochs * steps_per_epoch
+    if args.lr_schedule == "cosine":
+        return functools.partial(warmup_cosine, warmup=warmup, total=total)
+    if args.lr_schedule == "onecycle":
+        peak = max(1, int(0.25 * total))
+        return lambda s: min((s + 1) / peak, max(0.0, (total - s) / (total - peak)))
+    every = args.lr_step_size * steps_per_epoch
+    return lambda s: min(1.0, (s + 1) / warmup if warmup else 1.0) * args.lr_gamma ** (s // every)
+
+
 def param_groups(model: torch.nn.Module, weight_decay: float, skip_norm_bias: bool = True) -> list[dict[str, Any]]:
     """Weight decay on weights only; none on norm layers and biases (1-d params) if asked."""
     decay, no_decay = [], []
@@ -58,27 +73,48 @@ def evaluate_classifier(
 ) -> dict[str, float]:
     """Exact metrics: every sample counted once over all ranks, sums all-reduced (loss, acc1, acc5, count).
 
-    ``batches`` yields ``(x, y)`` or ``(x, y, n_unreadable)`` (x may be None when a whole batch was unreadable).
-    Use the bare model (not DDP): ranks may hold different numbers of batches. No host syncs inside the loop.
+    ``batches`` yields this rank's ``(x, y)``. Use the bare model (not DDP): ranks may hold different numbers of
+    batches. No host syncs inside the loop.
     """
     model.eval()
-    sums = torch.zeros(5, device=device, dtype=torch.float64)  # loss, correct1, correct5, count, skipped
-    for x, y, *bad in batches:
-        if bad and bad[0]:
-            sums[4] += bad[0]
-        if x is None:
-            continue
+    sums = torch.zeros(4, device=device, dtype=torch.float64)  # loss, correct1, correct5, count
+    for x, y in batches:
         with autocast(device, dtype):
             logits = model(x).float()
             if tta:  # average with the mirrored image
                 logits = (logits + model(torch.flip(x, dims=[3])).float()) / 2
         hit = logits.topk(min(5, logits.shape[1]), dim=1).indices == y[:, None]  # (batch, k): right at rank j?
         loss = F.cross_entropy(logits.double(), y, reduction="sum")
-        sums[:4] += torch.stack([loss, hit[:, 0].sum(), hit.any(dim=1).sum(), torch.full_like(loss, len(y))])
-    loss, c1, c5, n, bad = all_reduce_sum(sums).tolist()
+        sums += torch.stack([loss, hit[:, 0].sum(), hit.any(dim=1).sum(), torch.full_like(loss, len(y))])
+    loss, c1, c5, n = all_reduce_sum(sums).tolist()
     model.train()
-    m = {"loss": loss / max(n, 1), "acc1": 100 * c1 / max(n, 1), "acc5": 100 * c5 / max(n, 1), "count": int(n)}
-    return {**m, "skipped": int(bad)} if bad else m
+    return {"loss": loss / max(n, 1), "acc1": 100 * c1 / max(n, 1), "acc5": 100 * c5 / max(n, 1), "count": int(n)}
+
+
+class EMA:
+    """An exponential moving average of a model's weights and buffers, updated on the device without a host sync.
+
+    ``update(n)`` after the n-th optimizer step: ema += (1 - d) * (model - ema), d = min(decay, (1 + n) / (10 + n)),
+    so the first updates are not pulled towards the initial weights. Integer buffers are copied.
+    """
+
+    def __init__(self, model: torch.nn.Module, decay: float):
+        self.module, self.decay = copy.deepcopy(model).requires_grad_(False), decay
+        pairs = list(zip(self.module.state_dict().values(), model.state_dict().values()))  # tensors sharing storage
+        self.floats = [[e for e, _ in pairs if e.is_floating_point()], [m for e, m in pairs if e.is_floating_point()]]
+        self.others = [(e, m) for e, m in pairs if not e.is_floating_point()]
+
+    @torch.no_grad()
+    def update(self, n: int) -> None:
+        torch._foreach_lerp_(*self.floats, 1 - min(self.decay, (1 + n) / (10 + n)))
+        for e, m in self.others:
+            e.copy_(m)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.module.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.module.load_state_dict(state)
 
 
 def check_finite_loss(loss: float | torch.Tensor, step: int) -> None:

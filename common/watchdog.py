@@ -28,11 +28,6 @@ from typing import TypeVar
 T = TypeVar("T")
 
 STALL_EXIT_CODE = 124  # as timeout(1): the command ran out of time
-# 20 minutes. A healthy rank never stays this long in one phase: the longest is a first step with
-# torch.compile (transformer `base`: 47-58 s on an H100, BENCHMARKS.md "Throughput and MFU, 1 GPU"; minutes on a
-# busy CPU), and a first NCCL init takes seconds to a minute. It is also twice --dist-timeout's default (600 s),
-# so a collective that can time out on its own reports its own error first.
-DEFAULT_STALL_TIMEOUT = 1200.0
 # The first training step (DataLoader workers starting, a fork server importing torch, torch.compile, NCCL
 # communicators) gets at least this long whatever --stall-timeout says, so a short timeout watches the steady state;
 # so does the first batch of every evaluation, for which an evaluation loader starts its workers (imagenet's keeps

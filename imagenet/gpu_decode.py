@@ -308,7 +308,7 @@ def prefetch(
     def produce(slot: int) -> None:
         if cuda:  # a new thread's CUDA device is cuda:0, whichever GPU the rank uses: leaving the stream context
             # below would make it current again, which creates a CUDA context on GPU 0 (and takes GPU 0 memory) in
-            # every other rank, while holding the GIL: on 2 H200s, about a second in which rank 1 stands still
+            # every other rank, while holding the GIL
             torch.cuda.set_device(transform.device)
         side = torch.cuda.Stream(transform.device, priority=priority) if cuda else None
         reading: deque = deque()  # (event, batch): file bytes the GPU may still be reading

@@ -9,7 +9,7 @@
 #
 #   scripts/torchrun_single_node.sh --nproc 8 imagenet/train.py /data/imagenet
 #   scripts/torchrun_single_node.sh --nproc 2 cifar_resnet/train.py --synthetic --epochs 1
-#   scripts/torchrun_single_node.sh --nproc 2 -m common.doctor
+#   scripts/torchrun_single_node.sh --nproc 2 -m scripts.doctor
 #
 # Sets for each process: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
 # Environment: PYTHON (default: python), NPROC_PER_NODE, MASTER_PORT, OMP_NUM_THREADS (torchrun's default: 1).

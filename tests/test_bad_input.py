@@ -31,7 +31,7 @@ ENTRY = {  # script -> (module, its __main__ entry point)
     "imagenet": ("imagenet.train", lambda m: m.cli),
     "transformer": ("transformer.train", lambda m: m.cli),
     "translate": ("transformer.translate", lambda m: lambda: m.main(m.get_args_parser().parse_args())),
-    "doctor": ("common.doctor", lambda m: m.cli),
+    "doctor": ("scripts.doctor", lambda m: m.cli),
 }
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
                "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK",
@@ -140,7 +140,7 @@ CASES = [
     ("imagenet", INET, ["--val-crop-size", "0"], {}, "--val-crop-size 0 must be at least 1"),
     ("imagenet", INET, ["--val-resize-size", "-1"], {}, "--val-resize-size -1 must be at least 1"),
     ("imagenet", INET, ["--weights", "IMAGENET1K_V2"], {}, "--weights IMAGENET1K_V2 needs --pretrained"),
-    ("imagenet", INET, ["--ema-decay", "1.5"], {}, "--ema-decay 1.5 must be in [0, 1)"),
+    ("imagenet", INET, ["--ema", "1.5"], {}, "--ema 1.5 must be in [0, 1)"),
     ("imagenet", INET, ["--mixup-alpha", "-1"], {}, "--mixup-alpha -1.0 must be a finite number >= 0"),
     ("imagenet", INET, ["--cutmix-alpha", "nan"], {}, "--cutmix-alpha nan must be a finite number >= 0"),
     ("imagenet", INET, ["--lr-gamma", "0"], {}, "--lr-gamma 0.0 must be above 0"),
@@ -310,7 +310,7 @@ def entry(argv: list[str], env: dict[str, str], timeout: int = 60) -> None:
     """``python SCRIPT ARGV`` as __main__ runs it, in this process, with ``env`` set and the launcher's unset;
     a run past ``timeout`` seconds is a hang."""
     script = {"cifar_resnet/train.py": "cifar", "imagenet/train.py": "imagenet", "transformer/train.py": "transformer",
-              "transformer/translate.py": "translate", "common/doctor.py": "doctor"}[argv[0]]  # fmt: skip
+              "transformer/translate.py": "translate", "scripts/doctor.py": "doctor"}[argv[0]]  # fmt: skip
     name, main = ENTRY[script]
     mod = importlib.import_module(name)
     saved_env, saved_argv = dict(os.environ), sys.argv
@@ -335,7 +335,7 @@ def entry(argv: list[str], env: dict[str, str], timeout: int = 60) -> None:
 
 
 SCRIPT_PATH = {"cifar": "cifar_resnet/train.py", "imagenet": "imagenet/train.py", "transformer": "transformer/train.py",
-               "translate": "transformer/translate.py", "doctor": "common/doctor.py"}  # fmt: skip
+               "translate": "transformer/translate.py", "doctor": "scripts/doctor.py"}  # fmt: skip
 
 
 def one_error_line(code, err: str, want: str) -> str:
@@ -419,7 +419,7 @@ def test_bad_launch_in_real_processes(paths, tmp_path):
             {},
             "cannot resolve host 'nosuch.invalid'",
         ),
-        ([PY, "common/doctor.py"], {"RANK": "x", "WORLD_SIZE": "2"}, "RANK='x' is not an integer"),
+        ([PY, "scripts/doctor.py"], {"RANK": "x", "WORLD_SIZE": "2"}, "RANK='x' is not an integer"),
         ([*cifar, "--epochs", "x"], {}, "argument --epochs: invalid int value: 'x'"),
         (
             [PY, "transformer/train.py", "--data", "opus_books", "--output-dir", str(tmp_path / "t")],

@@ -195,3 +195,36 @@ def test_malicious_checkpoint_refused_by_resume_and_translate(tmp_path):
         assert p.returncode == 2 and p.stderr.startswith(f"error: refusing to load {evil}"), p.stderr
         assert "Traceback" not in p.stderr
     assert not marker.exists()
+
+
+def test_one_schema_for_every_script_and_its_restore(tmp_path, capsys):
+    """checkpoint_state() writes DESIGN's keys (EMA under 'ema', script extras beside them); restore_training() puts
+    every piece back, and with resize='next_epoch' a world size that changed moves on to the next epoch."""
+    from common.checkpoint import Position, checkpoint_state, restore_training
+    from common.utils import EMA
+
+    def parts(seed):
+        torch.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (s + 1))
+        return model, opt, sched, torch.amp.GradScaler("cpu", enabled=False), EMA(model, 0.9)
+
+    model, opt, sched, scaler, ema = parts(0)
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step(), sched.step(), ema.update(1)
+    args = type("Args", (), {"batch_size": 4, "accum_steps": 1})()
+    pos = Position(epoch=1, step=7, batch_in_epoch=3, best_metric=12.5, wandb_id="w", eval_step=5)
+    state = checkpoint_state(model, opt, sched, scaler, pos, args, 2, ema, tokenizer="{}")
+    assert set(state) == {"model", "optimizer", "scheduler", "scaler", "epoch", "step", "batch_in_epoch",
+                          "best_metric", "eval_step", "wandb_id", "args", "world_size", "ema", "tokenizer"}  # fmt: skip
+    save_checkpoint(state, tmp_path / "last.pt")
+    fresh = parts(1)
+    got, ckpt = restore_training(tmp_path / "last.pt", *fresh[:4], ema=fresh[4], world_size=2, batch_size=4,
+                                 accum_steps=1)  # fmt: skip
+    assert got == pos and ckpt["tokenizer"] == "{}" and fresh[2].last_epoch == sched.last_epoch
+    for a, b in [(model, fresh[0]), (ema.module, fresh[4].module)]:
+        assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert fresh[1].state_dict()["state"][0]["momentum_buffer"].equal(opt.state_dict()["state"][0]["momentum_buffer"])
+    got, _ = restore_training(tmp_path / "last.pt", *parts(1)[:4], world_size=3, accum_steps=1, resize="next_epoch")
+    assert (got.epoch, got.batch_in_epoch, got.step) == (2, 0, 7) and "next epoch boundary" in capsys.readouterr().out

@@ -26,7 +26,8 @@ from tests.conftest import (
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cifar_resnet.data import decode_folder, gpu_random_erasing  # noqa: E402
 from cifar_resnet.model import BasicBlock  # noqa: E402
-from cifar_resnet.train import EMA, build_model  # noqa: E402
+from cifar_resnet.train import build_model  # noqa: E402
+from common.utils import EMA  # noqa: E402
 
 TINY = ["-a", "resnet20", "-b", "4", "--print-freq", "1", "--seed", "3"]  # the paper's ResNet-20: fast on a CPU
 

@@ -62,35 +62,19 @@ def test_readme_cpu_commands_run(quickstart):
 
 
 def test_copy_as_template_runs_unchanged(tmp_path):
-    """cp -r common/ cifar_resnet/ to a new project: it must run as is, with nothing of this repo on the path."""
+    """cp -r common/ cifar_resnet/ to a new project, the script's folder under another name: it runs as is, with
+    nothing of this repo on the path, under torchrun with DataLoader workers, and the fork server's guard (the
+    workers' death signal) is a module that imports there."""
     proj = tmp_path / "my_project"
     shutil.copytree(REPO / "common", proj / "common", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(REPO / "cifar_resnet", proj / "cifar_resnet", ignore=shutil.ignore_patterns("__pycache__"))
-    run(
-        [
-            PY,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            "cifar_resnet/train.py",
-            "--synthetic",
-            "-a",
-            "resnet20",
-            "--max-steps",
-            "2",
-            "-b",
-            "4",
-            "-j",
-            "0",
-            "--eval-every",
-            "0",
-            "--output-dir",
-            "out",
-        ],
-        cwd=proj,
-    )
+    shutil.copytree(REPO / "cifar_resnet", proj / "my_cifar", ignore=shutil.ignore_patterns("__pycache__"))
+    run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "my_cifar/train.py", "--synthetic",
+         "-a", "resnet20", "--max-steps", "2", "-b", "4", "-j", "2", "--eval-every", "0", "--output-dir", "out"],
+        cwd=proj)  # fmt: skip
     assert torch.load(proj / "out/last.pt", weights_only=True)["step"] == 2
+    check = "import importlib, multiprocessing.forkserver as f; from common.data import worker_context; "
+    check += "worker_context(1); [importlib.import_module(m) for m in f._forkserver._preload_modules]; print('ok')"
+    assert run([PY, "-c", check], cwd=proj).stdout.strip().endswith("ok")
 
 
 def test_plot_metrics_renders_png(quickstart, tmp_path):

@@ -18,6 +18,9 @@ import pytest
 import torch
 from conftest import PY, REPO, free_port, make_jpeg_imagefolder, run, run_records, torchrun
 
+from common.utils import lr_lambda
+from imagenet.data import apply_recipe, get_args_parser
+
 SCRIPT = str(REPO / "imagenet" / "train.py")
 N_TRAIN, N_VAL = 37, 25
 TINY = [
@@ -127,14 +130,14 @@ def test_dummy_data_modern_recipe_resumes_bit_identical(m, tmp_path, monkeypatch
     seeded per step and checkpointed, so 3 + 3 steps equal 6 steps exactly (three runs of the script's entry point in
     this process)."""
     args = [SCRIPT, "--dummy", "--dummy-sizes", "64", "11", *TINY, "--recipe", "modern"]
-    args += ["--mixup-alpha", "0.2", "--cutmix-alpha", "1.0", "--ema-decay", "0.9"]
+    args += ["--mixup-alpha", "0.2", "--cutmix-alpha", "1.0", "--ema", "0.9"]
     one, two = tmp_path / "one", tmp_path / "two"
     for steps, out in ((6, one), (3, two), (6, two)):
         monkeypatch.setattr(sys, "argv", [*args, "--max-steps", str(steps), "--output-dir", str(out)])
         m.cli()
     a, b = ckpt(one / "last.pt"), ckpt(two / "last.pt")
     assert a["step"] == b["step"] == 6
-    for key in ("model", "model_ema"):
+    for key in ("model", "ema"):
         for k in a[key]:
             assert torch.equal(a[key][k], b[key][k]), (key, k)
     ta, tb = records(one, "train"), records(two, "train")
@@ -193,7 +196,7 @@ def m():
 
 
 def test_recipes_fill_unset_flags_and_schedules(m):
-    parse = lambda *a: m.apply_recipe(m.get_args_parser().parse_args(list(a)))  # noqa: E731
+    parse = lambda *a: apply_recipe(get_args_parser().parse_args(list(a)))  # noqa: E731
     c = parse("DATA")
     assert (c.lr, c.momentum, c.weight_decay, c.label_smoothing, c.lr_schedule, c.norm_bias_decay) == (
         0.1, 0.9, 1e-4, 0.0, "step", True,
@@ -201,9 +204,9 @@ def test_recipes_fill_unset_flags_and_schedules(m):
     mo = parse("--recipe", "modern", "--lr", "0.5", "--dummy", "--wd", "0.01")
     assert (mo.lr, mo.weight_decay, mo.momentum, mo.label_smoothing) == (0.5, 0.01, 0.875, 0.1)
     assert mo.lr_schedule == "cosine" and mo.synthetic and not mo.norm_bias_decay
-    f = m.make_lr_fn(c, steps_per_epoch=10)  # classic: x0.1 every 30 epochs, like main.py
+    f = lr_lambda(c, steps_per_epoch=10)  # classic: x0.1 every 30 epochs, like main.py
     assert [f(0), f(299), f(300), f(599), f(600)] == pytest.approx([1, 1, 0.1, 0.1, 0.01])
-    f = m.make_lr_fn(parse("--recipe", "modern", "--epochs", "10"), steps_per_epoch=10)  # 5 epochs of warmup
+    f = lr_lambda(parse("--recipe", "modern", "--epochs", "10"), steps_per_epoch=10)  # 5 epochs of warmup
     assert [f(0), f(49), f(50)] == pytest.approx([1 / 50, 1, 1]) and f(99) < 0.01
     assert parse("--learning-rate", "0.3", "--weight-decay", "0", "X").lr == 0.3
 

@@ -252,13 +252,13 @@ def test_accelerate_launch(tmp_path, cifar_dir):
 
 
 def test_doctor_single_process_through_local_sh():
-    p = run(["scripts/local.sh", "-m", "common.doctor"], env=ENV)
+    p = run(["scripts/local.sh", "-m", "scripts.doctor"], env=ENV)
     assert "launcher single: rank 0/1" in p.stdout and "no all_reduce to time" in p.stdout
 
 
 def test_doctor_reports_bus_bandwidth_under_torchrun():
     p = run(
-        ["scripts/torchrun_single_node.sh", "--nproc", "2", "-m", "common.doctor", "--size-mb", "4", "--iters", "5"],
+        ["scripts/torchrun_single_node.sh", "--nproc", "2", "-m", "scripts.doctor", "--size-mb", "4", "--iters", "5"],
         env=ENV,
     )
     assert f"torch {torch.__version__}" in p.stdout and "interfaces: " in p.stdout
@@ -275,7 +275,7 @@ def test_doctor_rendezvous_timeout_fails_in_time_with_hints():
     t0 = time.time()
     url = f"tcp://127.0.0.1:{free_port()}"
     p = run(
-        [PY, "-m", "common.doctor", "--dist-url", url, "--world-size", "2", "--rank", "0", "--dist-timeout", "3"],
+        [PY, "-m", "scripts.doctor", "--dist-url", url, "--world-size", "2", "--rank", "0", "--dist-timeout", "3"],
         check=False,
         timeout=60,
     )
@@ -291,7 +291,7 @@ def test_doctor_rendezvous_timeout_fails_in_time_with_hints():
 def test_doctor_collective_timeout_fails_in_time_with_hints():
     """A rank that freezes mid-benchmark (SIGSTOP): the other fails within the timeout, naming the usual causes."""
     url = f"tcp://127.0.0.1:{free_port()}"
-    cmd = [PY, "-m", "common.doctor", "--dist-url", url, "--world-size", "2", "--dist-timeout", "3"]
+    cmd = [PY, "-m", "scripts.doctor", "--dist-url", url, "--world-size", "2", "--dist-timeout", "3"]
     cmd += ["--size-mb", "0.01", "--iters", "100000000", "--warmup", "0"]
     procs = [
         subprocess.Popen(

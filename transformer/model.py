@@ -51,17 +51,16 @@ PRESETS = {
 
 def allow_cudnn_attention(allow: bool) -> None:
     """Whether F.scaled_dot_product_attention may use cuDNN's fused attention (flash and memory-efficient
-    kernels remain). PyTorch picks cuDNN first on H100, but every new input shape costs cuDNN time (a new
-    execution plan, we infer), and evaluation's length-sorted batches and step-by-step decoding bring new shapes
-    all the time: on one H100, eager `base` training on padded batches of many shapes ran at 158k target tokens/s
-    with it and 384k without. Off by default in train.py (training itself runs FlexAttention) and translate.py."""
+    kernels remain). PyTorch picks cuDNN first on H100, but every new input shape costs it a new execution plan,
+    and evaluation's length-sorted batches and step-by-step decoding bring new shapes all the time. Off by
+    default in train.py (training itself runs FlexAttention) and translate.py."""
     torch.backends.cuda.enable_cudnn_sdp(allow)
 
 
 # ------------------------------------------------------------------ document masks (packed rows)
 
-# FlexAttention and the compiler are imported on first use, by GPU training on packed rows: at import time they cost
-# every process 2.5-5 s of CPU start-up, for nothing in CPU training (dense masks), evaluation and translate.py.
+# FlexAttention and the compiler are imported on first use, by GPU training on packed rows: at import time they
+# would cost every process seconds of CPU start-up, for nothing in CPU training, evaluation and translate.py.
 
 
 @functools.cache
@@ -255,8 +254,7 @@ class Transformer(nn.Module):
             return self.decode(tgt_in, self.encode(src, src_mask), src_mask)
         masks = document_masks
         if src_doc.is_cuda and dense is None and not torch.compiler.is_compiling():
-            # Built eagerly, a batch's three block masks took 18-29 ms on an H100 (64 or 8 rows of 1,024 tokens),
-            # compiled 0.25-0.55 ms (bench/benchmark.py's mask_ms_*).
+            # compiled: built eagerly, the three block masks cost more than a step's attention (BENCHMARKS.md)
             masks = compiled(document_masks)
         enc_mask, dec_mask, cross_mask = masks(src_doc, tgt_doc, dense)
         memory = self.encode(src, enc_mask, positions_in_documents(src_doc))

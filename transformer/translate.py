@@ -15,12 +15,14 @@ gives an empty output line. --output appears whole or not at all.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # a faster start: no cyclic GC during the imports (BENCHMARKS.md "Process start-up")
+    __import__("gc").disable()
+
 import argparse
 import gc
 import sys
 from pathlib import Path
 
-gc.disable()  # until the end of the imports: see there
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # find common/ when run as a script
@@ -30,9 +32,6 @@ from common.errors import UserError, run_cli
 from common.utils import amp_dtype
 from transformer.data import decode, encode, one_line, read_lines
 from transformer.model import ModelConfig, Transformer, allow_cudnn_attention, translate_ids
-
-gc.freeze()  # the collector was off during the imports above (start-up CPU: bench/startup.py); what they built
-gc.enable()  # lives as long as the process: frozen out of every later collection
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -106,4 +105,6 @@ def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
+    gc.freeze()  # what the imports built lives as long as the process: keep it out of every later collection
+    gc.enable()
     run_cli(lambda: main(get_args_parser().parse_args()))

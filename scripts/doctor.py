@@ -1,8 +1,8 @@
 """Environment doctor: what this process sees, and how fast all_reduce runs across the world.
 
-    python -m common.doctor                                      # versions, GPUs, launcher, network
-    torchrun --nproc_per_node=2 -m common.doctor                 # ... plus all_reduce bus bandwidth
-    scripts/torchrun_multinode.sh --nnodes 2 --master node0 -m common.doctor --size-mb 256
+    python -m scripts.doctor                                      # versions, GPUs, launcher, network
+    torchrun --nproc_per_node=2 -m scripts.doctor                 # ... plus all_reduce bus bandwidth
+    scripts/torchrun_multinode.sh --nnodes 2 --master node0 -m scripts.doctor --size-mb 256
 
 It runs under every launcher the train scripts accept (srun, mpiexec.hydra, accelerate launch,
 --dist-url ...). Bandwidth is reported as nccl-tests does: algbw = bytes / time, and
@@ -25,13 +25,13 @@ gc.disable()  # until the end of the imports: see there
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # also runs as `python common/doctor.py`
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # find common/; also runs as `python scripts/doctor.py`
 from common.checks import check_shared, finite, need
 from common.distributed import DistInfo, add_dist_args, cleanup_distributed, detect_launcher, setup_distributed
 from common.errors import UserError, run_cli
 
-gc.freeze()  # the collector was off during the imports above (start-up CPU: bench/startup.py); what they built
-gc.enable()  # lives as long as the process: frozen out of every later collection
+gc.freeze()  # the collector was off during the imports above (BENCHMARKS.md "Process start-up"); what they
+gc.enable()  # built lives as long as the process: frozen out of every later collection
 
 HINTS = (
     "are all ranks started and MASTER_ADDR reachable from every node with its port open (firewall)? "

@@ -1,0 +1,100 @@
+"""transformer/train.py's command line: every flag, and the checks of their values that run before any process
+group, text or model exists (common/checks.py has the rules the scripts share)."""
+
+from __future__ import annotations
+
+import argparse
+
+from common.checks import check_positive_ints, check_shared, finite, need
+from common.distributed import add_dist_args
+from common.errors import UserError
+
+from .model import PRESETS, ModelConfig
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description="Train an encoder-decoder Transformer for translation with DistributedDataParallel.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    g = p.add_argument_group("data")
+    g.add_argument(
+        "--data",
+        default="opus_books",
+        help="Hugging Face dataset name, a dir of line-aligned {split}.{lang}[.gz] files, or a save_to_disk dir",
+    )
+    g.add_argument("--data-config", default=None, help="Hub dataset config (default: {src}-{tgt} or {tgt}-{src})")
+    g.add_argument("--lang-src", default="en")
+    g.add_argument("--lang-tgt", default="it")
+    g.add_argument("--synthetic", action="store_true", help="made-up word-mapping + reversal task: no disk/network")
+    g.add_argument("--val-split", type=int, default=0, help="without a val split, hold out N train pairs (0: auto)")
+    g.add_argument("--max-len", type=int, default=256, help="drop (and count) training pairs longer than this")
+    g.add_argument("--tokenizer", choices=("bpe", "wordlevel"), default="bpe", help="joint vocabulary type")
+    g.add_argument("--vocab-size", type=int, default=8000, help="joint source+target vocabulary size")
+    g.add_argument("-j", "--workers", type=int, default=2, help="DataLoader workers per process (they pack rows)")
+    g.add_argument("--pack-len", type=int, default=1024, help="tokens per packed row (at most --max-tokens)")
+    g = p.add_argument_group("model")
+    g.add_argument("--preset", choices=tuple(PRESETS), default="base", help="base: 512 wide, 6+6 layers")
+    g.add_argument("--d-model", type=int, default=None, help="override the preset's width")
+    g.add_argument("--layers", type=int, default=None, help="override the preset's encoder and decoder depth")
+    g.add_argument("--heads", type=int, default=None, help="override the preset's attention heads")
+    g.add_argument("--d-ff", type=int, default=None, help="override the preset's feed-forward width")
+    g.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
+    g.add_argument("--compile", action="store_true", help="torch.compile the training model (one static shape)")
+    g.add_argument("--compile-mode", default=None, help="torch.compile mode, e.g. reduce-overhead (CUDA graphs)")
+    g.add_argument(
+        "--cudnn-attention",
+        action="store_true",
+        help="let attention use cuDNN (PyTorch's first pick on H100; slow with changing batch shapes)",
+    )
+    g = p.add_argument_group("optimization")
+    g.add_argument("--epochs", type=int, default=20)
+    g.add_argument("--max-steps", type=int, default=0, help="stop after this many optimizer steps (0: no limit)")
+    g.add_argument(
+        "--max-tokens", type=int, default=4096, help="tokens per batch per process: max-tokens // pack-len rows"
+    )
+    g.add_argument("--accum-steps", type=int, default=1, help="gradient accumulation micro-batches per step")
+    g.add_argument("--lr", type=float, default=5e-4, help="peak LR (Adam; not scaled with the batch)")
+    g.add_argument("--warmup-steps", type=int, default=1000, help="linear warmup, then LR ~ 1/sqrt(step)")
+    g.add_argument("--wd", "--weight-decay", dest="weight_decay", type=float, default=0.0)
+    g.add_argument("--label-smoothing", type=float, default=0.1)
+    g.add_argument("--clip-grad", type=float, default=1.0, help="max gradient norm (0: off)")
+    g.add_argument(
+        "--amp", choices=("auto", "bf16", "fp16", "none"), default="auto", help="auto: bf16 on GPU, off on CPU"
+    )
+    g = p.add_argument_group("evaluation")
+    g.add_argument("-e", "--evaluate", action="store_true", help="only evaluate the checkpoint given by --resume")
+    g.add_argument("--beam", type=int, default=1, help="beam size for BLEU decoding (1: greedy)")
+    g.add_argument("--eval-every", type=int, default=1, help="evaluate every N epochs and at the end (0: never)")
+    g.add_argument("--samples", type=int, default=3, help="sample translations to print at each evaluation")
+    g = p.add_argument_group("run")
+    g.add_argument("--output-dir", default="runs/transformer")
+    g.add_argument("--resume", default="auto", help="auto (continue from output-dir/last.pt if present) | PATH | none")
+    g.add_argument("--overwrite", action="store_true", help="with --resume none: start over where a run saved")
+    g.add_argument("--save-every-steps", type=int, default=0, help="also checkpoint every N steps (0: at epoch end)")
+    g.add_argument("--keep-last", type=int, default=0, help="keep the N newest step_*.pt copies (0: none)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("-p", "--print-freq", type=int, default=50, help="log every N steps")
+    g.add_argument("--wandb", action="store_true", help="log to Weights & Biases from rank 0 (honours WANDB_MODE)")
+    add_dist_args(p)
+    return p
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every flag's value, before any process group, text or model (common/checks.py has the shared rules)."""
+    check_shared(args)
+    try:
+        import sacrebleu  # noqa: F401  (imported where used; checked here so a missing one fails before training)
+        import tokenizers  # noqa: F401
+    except ImportError as e:
+        raise UserError(f"this script needs the {e.name} package (pip install {e.name})") from None
+    check_positive_ints(args, "max_tokens", "pack_len", "beam", "d_model", "layers", "heads", "d_ff")
+    top = ModelConfig.max_positions - 1
+    need(0 < args.max_len <= top, "--max-len", args.max_len, f"must be in 1..{top}", "the model's positions")
+    need(args.vocab_size >= 8, "--vocab-size", args.vocab_size, "must be at least 8", "e.g. 8000")
+    for attr, flag in (("val_split", "--val-split"), ("warmup_steps", "--warmup-steps"), ("samples", "--samples")):
+        need(getattr(args, attr) >= 0, flag, getattr(args, attr), "must be 0 or more", "0: none")
+    need(finite(args.clip_grad) and args.clip_grad >= 0, "--clip-grad", args.clip_grad, "must be >= 0", "0: off")
+    need(args.dropout is None or 0 <= args.dropout < 1, "--dropout", args.dropout, "must be in [0, 1)", "e.g. 0.1")
+    width, heads = args.d_model or PRESETS[args.preset]["d_model"], args.heads or PRESETS[args.preset]["n_heads"]
+    need(width % heads == 0, "--heads", heads, f"does not divide the width {width}", "pick a divisor of --d-model")
