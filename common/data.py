@@ -106,7 +106,7 @@ def die_with_parent() -> None:
         ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
-def leave_signals_to_the_rank() -> None:
+def leave_signals_to_the_rank(block: bool = False) -> None:
     """Ignore SIGINT and the stop signals (``STOP_SIGNALS``) in a DataLoader worker and its fork server.
 
     torchrun's agent forwards a signal to each rank's whole process group (os.killpg), Slurm signals every process
@@ -114,11 +114,17 @@ def leave_signals_to_the_rank() -> None:
     before their rank reaches a step boundary, and the rank fails with "DataLoader worker exited unexpectedly"
     instead of saving and exiting 75 (or, on Ctrl-C, with that error instead of its KeyboardInterrupt). The rank
     decides; its workers die with it (``die_with_parent``), and the stall watchdog SIGKILLs a stuck one.
+
+    The fork server also blocks them (``block``): its workers inherit the mask, so a signal that arrives while a
+    new worker runs torch's own SIGTERM handler, before ``init_worker``, stays pending and is then discarded.
     """
     import signal
 
-    for name in ("SIGINT", *STOP_SIGNALS):
-        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    sigs = [getattr(signal, name) for name in ("SIGINT", *STOP_SIGNALS)]
+    for sig in sigs:
+        signal.signal(sig, signal.SIG_IGN)
+    if block:
+        signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
 
 
 def init_worker(worker_id: int) -> None:

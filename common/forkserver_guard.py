@@ -9,4 +9,4 @@ gc.disable()
 from .data import die_with_parent, leave_signals_to_the_rank  # noqa: E402
 
 die_with_parent()
-leave_signals_to_the_rank()
+leave_signals_to_the_rank(block=True)

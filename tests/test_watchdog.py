@@ -178,6 +178,26 @@ class WorkerGcState(torch.utils.data.Dataset):
         return torch.tensor([gc.isenabled(), gc.get_freeze_count() > 0])
 
 
+class WorkerSignalMask(torch.utils.data.Dataset):
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, i):
+        return torch.tensor(sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+
+
+def test_workers_are_born_with_the_stop_signals_blocked():
+    """torch's worker loop installs its own SIGTERM handler before init_worker ignores the signal: a killpg in that
+    window would end the worker. Workers inherit the fork server's mask instead, with SIGINT, SIGTERM and SIGUSR2
+    blocked (init_worker ignores them without blocking, so the mask seen here is the server's)."""
+    from common.data import init_worker, worker_context
+
+    loader = torch.utils.data.DataLoader(WorkerSignalMask(), num_workers=1, worker_init_fn=init_worker,
+                                         multiprocessing_context=worker_context(1))  # fmt: skip
+    (mask,) = [set(b[0].tolist()) for b in loader]
+    assert {signal.SIGINT, signal.SIGTERM, signal.SIGUSR2} <= mask, mask
+
+
 def test_fork_server_workers_collect_with_what_they_inherit_frozen():
     """The fork server imports torch with the cyclic GC off (common/forkserver_guard.py); every worker it forks
     freezes what it inherited and turns the collector back on (init_worker): none runs without one. In this
