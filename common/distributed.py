@@ -340,7 +340,7 @@ def exit_with_launcher(launch: LaunchEnv, poll: float = 0.5) -> None:
     """Under an elastic agent (torchrun, torch.distributed.launch, accelerate) or mp.spawn, end this rank within a
     second of its launcher's death, with one line.
 
-    torchrun starts each rank in a session of its own, and nothing else ties a rank to its agent: ranks whose agent
+    torchrun starts each rank detached from it (setsid), and nothing else ties a rank to its agent: ranks whose agent
     was SIGKILLed (by hand, by the OOM killer) would go on training and writing into the output directory, or wait
     for the dead agent's store forever. A daemon thread compares os.getppid() with the parent seen at start. Other
     launchers are left alone: slurmstepd ends a step's tasks itself, and the parent of a plain ``python`` (a shell,
