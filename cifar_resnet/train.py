@@ -38,7 +38,7 @@ from common.checkpoint import (
     restore_training,
     set_schedule_position,
 )
-from common.checks import check_shared, need
+from common.checks import add_run_args, check_shared, need
 from common.data import ExactEvalSampler, ResumableDistributedSampler, SeededDataset, loader_kwargs
 from common.distributed import (
     add_dist_args,
@@ -96,16 +96,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--amp", choices=("auto", "bf16", "fp16", "none"), default="auto", help="auto: bf16 on GPU only")
     g.add_argument("-e", "--evaluate", action="store_true", help="only evaluate the checkpoint given by --resume")
     g.add_argument("--tta", action="store_true", help="also average predictions over horizontal flips at eval")
-    g = p.add_argument_group("run")
-    g.add_argument("--output-dir", default="runs/cifar")
-    g.add_argument("--resume", default="auto", help="auto (continue from output-dir/last.pt if present) | PATH | none")
-    g.add_argument("--overwrite", action="store_true", help="with --resume none: start over where a run saved")
-    g.add_argument("--save-every-steps", type=int, default=0, help="also checkpoint every N steps (0: at epoch end)")
-    g.add_argument("--keep-last", type=int, default=0, help="keep the N newest step_*.pt copies (0: none)")
-    g.add_argument("--eval-every", type=int, default=1, help="evaluate every N epochs and at the end (0: never)")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("-p", "--print-freq", type=int, default=50, help="log every N steps")
-    g.add_argument("--wandb", action="store_true", help="log to Weights & Biases from rank 0 (honours WANDB_MODE)")
+    add_run_args(p, "runs/cifar")
     add_dist_args(p)
     return p
 

@@ -1,5 +1,5 @@
-"""Command-line checks shared by the scripts: each bad value is one line, ``error: <flag> <what> (<hint>)``,
-before any process group, dataset or model exists.
+"""The command line the scripts share: ``add_run_args`` defines the run flags, and the checks make each bad value
+one line, ``error: <flag> <what> (<hint>)``, before any process group, dataset or model exists.
 
 A script's ``check_args(args)`` calls ``check_shared(args)`` for the flags every script has, then its own rules
 written with ``need``. A rule applies to the flags a script has; the others are skipped.
@@ -96,6 +96,20 @@ def check_output_dir(args: argparse.Namespace) -> None:
         )
     if args.resume not in ("auto", "none", "", None) and not Path(args.resume).is_file():
         raise UserError(f"--resume {args.resume}: no such file (auto, none, or a checkpoint's path)")
+
+
+def add_run_args(parser: argparse.ArgumentParser, output_dir: str, print_freq: int = 50) -> None:
+    """The flags of a run's output, resume and logging, the same in every train.py."""
+    g = parser.add_argument_group("run")
+    g.add_argument("--output-dir", default=output_dir)
+    g.add_argument("--resume", default="auto", help="auto (continue from output-dir/last.pt if present) | PATH | none")
+    g.add_argument("--overwrite", action="store_true", help="with --resume none: start over where a run saved")
+    g.add_argument("--save-every-steps", type=int, default=0, help="also checkpoint every N steps (0: at epoch end)")
+    g.add_argument("--keep-last", type=int, default=0, help="keep the N newest step_*.pt copies (0: none)")
+    g.add_argument("--eval-every", type=int, default=1, help="evaluate every N epochs and at the end (0: never)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("-p", "--print-freq", type=int, default=print_freq, help="log every N steps")
+    g.add_argument("--wandb", action="store_true", help="log to Weights & Biases from rank 0 (honours WANDB_MODE)")
 
 
 def check_shared(args: argparse.Namespace) -> None:

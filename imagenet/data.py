@@ -17,7 +17,7 @@ import torch
 import torchvision
 import torchvision.transforms as T
 
-from common.checks import check_positive_ints, check_shared, finite, need
+from common.checks import add_run_args, check_positive_ints, check_shared, finite, need
 from common.distributed import add_dist_args
 from common.errors import UserError
 
@@ -111,17 +111,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--amp", choices=("auto", "bf16", "fp16", "none"), default="auto", help="auto: bf16 on GPU, off on CPU"
     )
-    g = p.add_argument_group("run")
-    g.add_argument("--output-dir", default="runs/imagenet")
-    g.add_argument("--resume", default="auto", help="auto (continue from output-dir/last.pt if present) | PATH | none")
-    g.add_argument("--overwrite", action="store_true", help="with --resume none: start over where a run saved")
     g.add_argument("-e", "--evaluate", action="store_true", help="evaluate --resume (or --pretrained) only")
-    g.add_argument("--save-every-steps", type=int, default=0, help="also checkpoint every N steps (0: at epoch end)")
-    g.add_argument("--keep-last", type=int, default=0, help="keep the N newest step_*.pt copies (0: none)")
-    g.add_argument("--eval-every", type=int, default=1, help="evaluate every N epochs and at the end (0: never)")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("-p", "--print-freq", type=int, default=10, help="log every N steps")
-    g.add_argument("--wandb", action="store_true", help="log to Weights & Biases from rank 0 (honours WANDB_MODE)")
+    add_run_args(p, "runs/imagenet", print_freq=10)
     add_dist_args(p)
     g = p.add_argument_group("pytorch/examples launch mode")
     g.add_argument(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from common.checks import check_positive_ints, check_shared, finite, need
+from common.checks import add_run_args, check_positive_ints, check_shared, finite, need
 from common.distributed import add_dist_args
 from common.errors import UserError
 
@@ -65,17 +65,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("evaluation")
     g.add_argument("-e", "--evaluate", action="store_true", help="only evaluate the checkpoint given by --resume")
     g.add_argument("--beam", type=int, default=1, help="beam size for BLEU decoding (1: greedy)")
-    g.add_argument("--eval-every", type=int, default=1, help="evaluate every N epochs and at the end (0: never)")
     g.add_argument("--samples", type=int, default=3, help="sample translations to print at each evaluation")
-    g = p.add_argument_group("run")
-    g.add_argument("--output-dir", default="runs/transformer")
-    g.add_argument("--resume", default="auto", help="auto (continue from output-dir/last.pt if present) | PATH | none")
-    g.add_argument("--overwrite", action="store_true", help="with --resume none: start over where a run saved")
-    g.add_argument("--save-every-steps", type=int, default=0, help="also checkpoint every N steps (0: at epoch end)")
-    g.add_argument("--keep-last", type=int, default=0, help="keep the N newest step_*.pt copies (0: none)")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("-p", "--print-freq", type=int, default=50, help="log every N steps")
-    g.add_argument("--wandb", action="store_true", help="log to Weights & Biases from rank 0 (honours WANDB_MODE)")
+    add_run_args(p, "runs/transformer")
     add_dist_args(p)
     return p
 
