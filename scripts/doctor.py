@@ -13,12 +13,14 @@ finish within --dist-timeout seconds ends the process with hints instead of hang
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 gc.disable()  # until the end of the imports: see there
@@ -84,8 +86,9 @@ def report_local() -> list[str]:
     return lines
 
 
-def watchdog(seconds: float, what: str) -> threading.Timer:
-    """Exit with hints if `what` is still running after `seconds` (backends may block in C++)."""
+@contextlib.contextmanager
+def watchdog(seconds: float, what: str) -> Iterator[None]:
+    """Exit with hints if the block is still running after `seconds` (backends may block in C++)."""
 
     def fire() -> None:
         print(f"error: {what} did not finish within {seconds:.0f}s ({HINTS})", file=sys.stderr, flush=True)
@@ -94,7 +97,11 @@ def watchdog(seconds: float, what: str) -> threading.Timer:
     timer = threading.Timer(seconds, fire)
     timer.daemon = True
     timer.start()
-    return timer
+    try:
+        yield
+    finally:  # also when the block raises: a timer left running would end whatever process imported this module
+        timer.cancel()
+        timer.join()
 
 
 def sync(device: torch.device) -> None:
@@ -140,25 +147,23 @@ def main() -> None:
     launch = detect_launcher(None, args.dist_url, args.world_size, args.rank, args.local_rank)
     if launch.local_rank == 0:  # once per node: interfaces and settings differ between nodes
         print("\n".join(report_local()), flush=True)
-    timer = watchdog(args.dist_timeout + 10, f"rendezvous at {launch.init_method or 'env://'}")
-    info = setup_distributed(args, launch=launch)
-    timer.cancel()
+    with watchdog(args.dist_timeout + 10, f"rendezvous at {launch.init_method or 'env://'}"):
+        info = setup_distributed(args, launch=launch)
     me = f"rank {info.rank}/{info.world_size} local_rank {info.local_rank} on {socket.gethostname()} ({info.device})"
     if info.world_size == 1:
         print(f"launcher {info.launcher}: {me}; one process, so no all_reduce to time (start it with 2+)")
         return
-    timer = watchdog(args.dist_timeout + 10, "all_reduce")
-    try:
-        ranks: list[str | None] = [None] * info.world_size
-        dist.all_gather_object(ranks, me)
-        if info.is_main:
-            print(f"launcher {info.launcher}, backend {info.backend}, world size {info.world_size}:")
-            print("\n".join(f"  {r}" for r in ranks))
-            print(f"timing all_reduce of {args.size_mb:g} MiB float32, {args.iters} iterations ...", flush=True)
-        seconds, algbw, busbw = bench_all_reduce(info, args.size_mb, args.iters, args.warmup)
-    except (RuntimeError, dist.DistError) as e:  # gloo raises on its timeout; NCCL is caught by the watchdog
-        raise UserError(f"all_reduce failed: {str(e).splitlines()[0][:200]} ({HINTS})") from None
-    timer.cancel()
+    with watchdog(args.dist_timeout + 10, "all_reduce"):
+        try:
+            ranks: list[str | None] = [None] * info.world_size
+            dist.all_gather_object(ranks, me)
+            if info.is_main:
+                print(f"launcher {info.launcher}, backend {info.backend}, world size {info.world_size}:")
+                print("\n".join(f"  {r}" for r in ranks))
+                print(f"timing all_reduce of {args.size_mb:g} MiB float32, {args.iters} iterations ...", flush=True)
+            seconds, algbw, busbw = bench_all_reduce(info, args.size_mb, args.iters, args.warmup)
+        except (RuntimeError, dist.DistError) as e:  # gloo raises on its timeout; NCCL is caught by the watchdog
+            raise UserError(f"all_reduce failed: {str(e).splitlines()[0][:200]} ({HINTS})") from None
     if info.is_main:
         print(
             f"all_reduce {args.size_mb:g} MiB: {seconds * 1e6:.0f} us, algbw {algbw:.3f} GB/s, busbw {busbw:.3f} GB/s",

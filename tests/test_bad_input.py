@@ -17,6 +17,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -355,10 +356,13 @@ def test_bad_input_is_one_error_line(case, paths, tmp_path, capsys):
     if script in ("cifar", "imagenet", "transformer") and "--output-dir" not in argv:
         argv += ["--output-dir", str(paths["good"])]
     good = sha(paths["good"] / "last.pt")
+    timers = lambda: {t for t in threading.enumerate() if isinstance(t, threading.Timer)}  # noqa: E731
+    before = timers()
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
         entry([SCRIPT_PATH[script], *argv], {k: fill(v) for k, v in env.items()})
     one_error_line(e.value.code, capsys.readouterr().err, fill(want))
+    assert timers() <= before, "a timer left running, such as a watchdog that would end this process later"
     assert sha(paths["good"] / "last.pt") == good  # not rewritten, not even touched
     assert not paths["evil_marker"].exists()  # no pickle ran code
 
