@@ -245,8 +245,8 @@ class Position:
 
 def restore_training(
     path: Path,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    model: torch.nn.Module | None,
+    optimizer: torch.optim.Optimizer | None,
     scheduler: Any,
     scaler: Any,
     *,
@@ -266,9 +266,11 @@ def restore_training(
     boundary. Either way the data order from there on differs from an uninterrupted run.
     """
     ckpt = load_checkpoint(path) if ckpt is None else ckpt
-    load_model_state(model, ckpt["model"], path)
+    if model is not None:  # None: the caller loaded weights and optimizer state itself (sharded checkpoints)
+        load_model_state(model, ckpt["model"], path)
     try:
-        optimizer.load_state_dict(ckpt["optimizer"])
+        if optimizer is not None:
+            optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
         scaler.load_state_dict(ckpt["scaler"])
         for key, obj in (({"ema": ema} if ema is not None else {}) | (extra or {})).items():

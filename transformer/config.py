@@ -40,6 +40,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--heads", type=int, default=None, help="override the preset's attention heads")
     g.add_argument("--d-ff", type=int, default=None, help="override the preset's feed-forward width")
     g.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
+    g.add_argument("--fsdp", action="store_true", help="shard weights, gradients and optimizer state (FSDP2), not DDP")
     g.add_argument("--compile", action="store_true", help="torch.compile the training model (one static shape)")
     g.add_argument("--compile-mode", default=None, help="torch.compile mode, e.g. reduce-overhead (CUDA graphs)")
     g.add_argument(
@@ -88,4 +89,6 @@ def check_args(args: argparse.Namespace) -> None:
     need(finite(args.clip_grad) and args.clip_grad >= 0, "--clip-grad", args.clip_grad, "must be >= 0", "0: off")
     need(args.dropout is None or 0 <= args.dropout < 1, "--dropout", args.dropout, "must be in [0, 1)", "e.g. 0.1")
     width, heads = args.d_model or PRESETS[args.preset]["d_model"], args.heads or PRESETS[args.preset]["n_heads"]
+    need(not (args.fsdp and args.amp == "fp16"), "--amp", "fp16", "does not work with --fsdp", "use --amp bf16")
+    need(not (args.fsdp and args.keep_last), "--keep-last", args.keep_last, "does not work with --fsdp", "0 with it")
     need(width % heads == 0, "--heads", heads, f"does not divide the width {width}", "pick a divisor of --d-model")

@@ -7,7 +7,8 @@
 
 Read top to bottom: arguments -> distributed setup -> text -> tokenizer -> packed batches
 -> model -> optimizer -> resume -> training loop with periodic evaluation (loss and sacreBLEU over
-the whole validation set) and checkpoints. The DDP recipe is four steps, marked [DDP 1-4].
+the whole validation set) and checkpoints. The DDP recipe is four steps, marked [DDP 1-4]; --fsdp shards the
+model instead (FSDP2, fsdp.py), a branch at steps 3 and 4.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import argparse
 import contextlib
 import functools
 import gc
+import importlib
 import os
 import sys
 import time
@@ -139,7 +141,8 @@ def evaluate(model, data, tok, args, info, dtype) -> dict:
 def log_eval(r: SimpleNamespace, split: str, pos: Position) -> dict:
     """Evaluate the bare model on ``split``, log the record and print it with a few sample translations."""
     r.watchdog.beat(EVAL_STEP)
-    m = evaluate(r.model, r.eval_sets[split], r.tok, r.args, r.info, r.dtype)
+    with r.fsdp.whole_weights(r.model) if r.fsdp else contextlib.nullcontext():
+        m = evaluate(r.model, r.eval_sets[split], r.tok, r.args, r.info, r.dtype)
     r.logger.log({"split": split, "epoch": pos.epoch, "step": pos.step, "loss": m["loss"], "bleu": m["bleu"],
                   "count": m["count"]})  # fmt: skip
     how = "greedy" if r.args.beam == 1 else f"beam {r.args.beam}"
@@ -163,10 +166,13 @@ def save_state(name: str, r: SimpleNamespace, pos: Position, keep_last: int = 0)
     t = time.time()
     r.watchdog.beat(CHECKPOINT)
     window = r.loss_window.state(pos.step)  # stops on a NaN or infinite loss since the last log point
-    if r.info.is_main:  # [DDP 4] only rank 0 writes, atomically; translate.py needs nothing but this file
+    if r.info.is_main or r.fsdp:
         state = checkpoint_state(r.model, r.optimizer, r.scheduler, r.scaler, pos, r.args, r.info.world_size,
                                  loss_window=window, tokenizer=r.tok_json, model_config=asdict(r.cfg),
                                  langs=list(r.langs))  # fmt: skip
+    if r.fsdp:  # [FSDP 4] every rank writes its shards; best.pt also gets the whole model, for translate.py
+        r.fsdp.save(state, r.model, r.optimizer, r.out / name, whole=name == "best.pt")
+    elif r.info.is_main:  # [DDP 4] only rank 0 writes, atomically; translate.py needs nothing but this file
         r.writer.save(state, r.out / name, keep_last=keep_last)
     return time.time() - t
 
@@ -181,7 +187,7 @@ def train_one_epoch(r: SimpleNamespace, pos: Position, max_steps: int, batches) 
         if i % args.accum_steps == 0:  # dropout masks depend on (seed, rank, step) only: resumable
             torch.manual_seed(mix_seed(args.seed, info.rank, pos.step))
         sync = (i + 1) % args.accum_steps == 0
-        with r.ddp.no_sync() if (not sync and info.world_size > 1) else contextlib.nullcontext():
+        with r.no_sync() if (not sync and info.world_size > 1) else contextlib.nullcontext():
             with autocast(device, r.dtype):
                 loss = r.loss_fn(r.train_model(src, tgt_in, src_doc, tgt_doc), tgt_out)
             # DDP averages gradients over ranks; x world_size / tokens makes the step's gradient the mean
@@ -204,8 +210,9 @@ def train_one_epoch(r: SimpleNamespace, pos: Position, max_steps: int, batches) 
             tps = window.n / (time.time() - window.t0)
             check_finite_loss(loss_avg, pos.step)
             lr = r.scheduler.get_last_lr()[0]
+            mem = {"max_mem_gib": torch.cuda.max_memory_allocated() / 2**30} if device.type == "cuda" else {}
             r.logger.log({"split": "train", "epoch": pos.epoch, "step": pos.step, "loss": loss_avg, "lr": lr,
-                          "tok_per_s": tps})  # fmt: skip
+                          "tok_per_s": tps, **mem})  # fmt: skip
             r.progress.update(pos.step, f"epoch {pos.epoch} loss {loss_avg:.4f} lr {lr:.4g} {tps:.0f} tok/s")
             window.reset(pos.step)
         if args.save_every_steps and pos.step % args.save_every_steps == 0:
@@ -257,6 +264,7 @@ def main(args: argparse.Namespace) -> None:
     seed_everything(args.seed, info.rank)
     out = prepare_output_dir(args.output_dir)
     r = SimpleNamespace(args=args, info=info, out=out, dtype=amp_dtype(args.amp, device), stopped=False)
+    r.fsdp = importlib.import_module(".fsdp", __package__) if args.fsdp else None  # FSDP2 and its checkpoints
     allow_cudnn_attention(args.cudnn_attention)  # off by default: see allow_cudnn_attention
 
     # ---- resume: read the checkpoint first, its tokenizer decides how text becomes ids
@@ -285,10 +293,14 @@ def main(args: argparse.Namespace) -> None:
     r.cfg = ModelConfig(r.tok.get_vocab_size(), **{**PRESETS[args.preset], **overrides})
     r.model = r.ddp = Transformer(r.cfg).to(device)  # r.model: what we save, evaluate and restore
     # [DDP 3] wrap the model: gradients are averaged across ranks during backward.
-    if info.world_size > 1:
+    if r.fsdp:  # [FSDP 3] or shard it: each rank keeps 1/N of the weights, gradients and optimizer state
+        r.model = r.ddp = r.fsdp.shard(r.model, r.dtype)
+        r.no_sync = functools.partial(r.fsdp.no_sync, r.model)
+    elif info.world_size > 1:
         r.ddp = nn.parallel.DistributedDataParallel(
             r.model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True
         )
+        r.no_sync = r.ddp.no_sync
     r.train_model, r.loss_fn = r.ddp, functools.partial(token_loss, label_smoothing=args.label_smoothing)
     if args.compile:
         # Packed batches all have one shape: the whole model (block masks included) compiles once. Compiling the DDP
@@ -307,8 +319,13 @@ def main(args: argparse.Namespace) -> None:
     # ---- resume (same command restarted by torchrun/Slurm continues where it stopped)
     pos = Position()
     if ckpt is not None:
+        if "shards" in ckpt and not r.fsdp:
+            raise UserError(f"{ckpt_path} is a sharded checkpoint of an FSDP run (resume it with --fsdp)")
+        if r.fsdp:  # the shards resharded to this world size, or a DDP checkpoint's weights and optimizer state
+            r.fsdp.load(ckpt_path, ckpt, r.model, r.optimizer)
         # Another world size or accumulation cuts epochs into other batches: continue at the next epoch boundary.
-        pos, ckpt = restore_training(ckpt_path, r.model, r.optimizer, r.scheduler, r.scaler, ckpt=ckpt,
+        model, optimizer = (None, None) if r.fsdp else (r.model, r.optimizer)
+        pos, ckpt = restore_training(ckpt_path, model, optimizer, r.scheduler, r.scaler, ckpt=ckpt,
                                      world_size=info.world_size, accum_steps=args.accum_steps,
                                      resize="next_epoch")  # fmt: skip
     r.writer = CheckpointWriter(out if info.is_main else None)  # writes on a thread

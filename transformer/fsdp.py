@@ -1,0 +1,120 @@
+"""FSDP2 for train.py --fsdp: the model sharded over the processes, checkpoints through torch.distributed.checkpoint.
+
+Under DDP every rank holds the whole model, its gradients and Adam's two moments: 16 bytes a parameter. FSDP2
+(`fully_shard`) keeps 1/N of each on each of N ranks, and gathers one layer's weights just before its forward and
+backward. Imported only with --fsdp (torch.distributed.checkpoint costs the start half a second).
+
+A checkpoint is two things: `last.pt` (or `best.pt`), the small file of everything but the weights and optimizer
+state, in the schema of every other run (common/checkpoint.py), naming `last.<step>-<tag>.dcp/`, the directory of
+shards that every rank wrote its own part of. A resume on another number of ranks reads the parts it needs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+
+from common.checkpoint import save_checkpoint, strip_prefixes
+from common.distributed import broadcast_object, is_dist
+from common.errors import UserError
+
+
+def shard(model: torch.nn.Module, dtype: torch.dtype | None) -> torch.nn.Module:
+    """Each encoder and decoder layer one unit (its weights gathered for its forward and backward, then freed), the
+    embedding and final norms the root's. Under bf16 the weights are gathered and used in bf16, the gradients
+    reduced in fp32; the fp32 master copy stays sharded."""
+    if not is_dist() or dist.get_world_size() == 1:
+        raise UserError("--fsdp needs 2 or more processes (torchrun --nproc_per_node=N ...)")
+    for t in model.state_dict().values():  # every rank starts from rank 0's initialization, as DDP does
+        dist.broadcast(t, src=0)
+    mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
+    for layer in [*model.encoder, *model.decoder]:
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    for method in ("encode", "decode"):  # evaluation and decoding call these instead of forward
+        register_fsdp_forward_method(model, method)
+    return model
+
+
+@contextlib.contextmanager
+def no_sync(model: FSDPModule):
+    """Micro-batches that do not step keep their gradients unsharded and unreduced, like DDP's no_sync."""
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+@contextlib.contextmanager
+def whole_weights(model: FSDPModule):
+    """Every rank holds all the weights for evaluation: ranks decode different numbers of batches and steps, so no
+    forward may wait for the others. Gathered once, in the same order everywhere; the gradients and optimizer
+    state stay sharded."""
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]  # the root first
+    for m in units:
+        m.unshard()
+        m.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for m in units:
+            m.set_reshard_after_forward(m is not model, recurse=False)  # the root keeps its weights in training
+            m.reshard()
+
+
+def save(state: dict, model, optimizer, path: Path, whole: bool) -> None:
+    """`path` and its directory of shards, called by every rank. Each rank writes its shards of the weights and the
+    optimizer state into a temporary directory; rank 0 renames it into place once every rank is done, then writes
+    `path` (``state`` without the tensors, naming the shards) atomically, then removes the older shards and
+    temporaries. A kill at any moment leaves the previous checkpoint whole. ``whole``: `path` also holds the whole
+    model for translate.py, gathered tensor by tensor into rank 0's host memory."""
+    tag = broadcast_object(f"{state['step']:08d}-{time.time_ns():x}")  # one name on every rank
+    tmp, final = path.with_name(f".{path.stem}.{tag}.dcp"), path.with_name(f"{path.stem}.{tag}.dcp")
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=tmp)  # returns once all ranks wrote
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(model, options=options) if whole else {}
+    if dist.get_rank() == 0:
+        os.replace(tmp, final)
+        save_checkpoint({**state, "model": weights, "optimizer": {}, "shards": final.name}, path)
+        for old in path.parent.glob(f"*{path.stem}.*.dcp"):
+            if old != final:
+                shutil.rmtree(old)
+
+
+def load(path: Path, ckpt: dict, model, optimizer) -> None:
+    """The weights and optimizer state of ``ckpt`` into the sharded model and optimizer: an FSDP checkpoint's shards
+    (resharded to this number of ranks), or a single-file checkpoint of a DDP run (every rank keeps its part)."""
+    try:
+        if "shards" in ckpt:
+            model_state, optim_state = get_state_dict(model, optimizer)
+            state = {"model": model_state, "optimizer": optim_state}
+            dcp.load(state, checkpoint_id=path.parent / ckpt["shards"])
+            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+            return
+        # the DDP optimizer's state is keyed by position in the parameter groups: name each by its parameter
+        names = {p: n for n, p in model.named_parameters()}
+        fqn = [names[p] for group in optimizer.param_groups for p in group["params"]]
+        saved = ckpt["optimizer"]
+        groups = [{**g, "params": [fqn[i] for i in g["params"]]} for g in saved["param_groups"]]
+        optim_state = {"state": {fqn[i]: s for i, s in saved["state"].items()}, "param_groups": groups}
+        set_state_dict(model, optimizer, model_state_dict=strip_prefixes(ckpt["model"]), optim_state_dict=optim_state,
+                       options=StateDictOptions(full_state_dict=True))  # fmt: skip
+    except (RuntimeError, ValueError, KeyError, IndexError, dcp.CheckpointException) as e:
+        detail = " ".join(str(e).split())[:240]
+        raise UserError(f"checkpoint {path} does not fit this model (another preset or size?): {detail}") from None
