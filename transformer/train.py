@@ -7,8 +7,7 @@
 
 Read top to bottom: arguments -> distributed setup -> text -> tokenizer -> packed batches
 -> model -> optimizer -> resume -> training loop with periodic evaluation (loss and sacreBLEU over
-the whole validation set) and checkpoints. The DDP recipe is four steps, marked [DDP 1-4]; --fsdp shards the
-model instead (FSDP2, fsdp.py), a branch at steps 3 and 4.
+the whole validation set) and checkpoints. The DDP recipe is four steps, marked [DDP 1-4]; --fsdp: [FSDP 3-4].
 """
 
 from __future__ import annotations
@@ -99,9 +98,9 @@ def bleu_signature() -> str:
 def evaluate(model, data, tok, args, info, dtype) -> dict:
     """Loss and sacreBLEU over the whole split: each pair on one rank, the hypotheses gathered on rank 0.
 
-    `model` is the bare model: ranks hold different numbers of batches, and a DDP forward would wait
-    for the others. It is never the compiled one either (--compile wraps the DDP model), so evaluation's
-    many batch shapes run eagerly instead of compiling one graph each.
+    `model` is the bare model (under FSDP, with its weights gathered): ranks hold different numbers of batches, and a
+    DDP forward would wait for the others. Never the compiled one either, so evaluation's many batch shapes run
+    eagerly instead of compiling one graph each.
     """
     from sacrebleu.metrics import BLEU
 
@@ -166,10 +165,9 @@ def save_state(name: str, r: SimpleNamespace, pos: Position, keep_last: int = 0)
     t = time.time()
     r.watchdog.beat(CHECKPOINT)
     window = r.loss_window.state(pos.step)  # stops on a NaN or infinite loss since the last log point
-    if r.info.is_main or r.fsdp:
-        state = checkpoint_state(r.model, r.optimizer, r.scheduler, r.scaler, pos, r.args, r.info.world_size,
-                                 loss_window=window, tokenizer=r.tok_json, model_config=asdict(r.cfg),
-                                 langs=list(r.langs))  # fmt: skip
+    state = checkpoint_state(r.model, r.optimizer, r.scheduler, r.scaler, pos, r.args, r.info.world_size,
+                             loss_window=window, tokenizer=r.tok_json, model_config=asdict(r.cfg),
+                             langs=list(r.langs))  # fmt: skip
     if r.fsdp:  # [FSDP 4] every rank writes its shards; best.pt also gets the whole model, for translate.py
         r.fsdp.save(state, r.model, r.optimizer, r.out / name, whole=name == "best.pt")
     elif r.info.is_main:  # [DDP 4] only rank 0 writes, atomically; translate.py needs nothing but this file
@@ -297,9 +295,8 @@ def main(args: argparse.Namespace) -> None:
         r.model = r.ddp = r.fsdp.shard(r.model, r.dtype)
         r.no_sync = functools.partial(r.fsdp.no_sync, r.model)
     elif info.world_size > 1:
-        r.ddp = nn.parallel.DistributedDataParallel(
-            r.model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True
-        )
+        ids = [device.index] if device.type == "cuda" else None
+        r.ddp = nn.parallel.DistributedDataParallel(r.model, device_ids=ids, gradient_as_bucket_view=True)
         r.no_sync = r.ddp.no_sync
     r.train_model, r.loss_fn = r.ddp, functools.partial(token_loss, label_smoothing=args.label_smoothing)
     if args.compile:
@@ -311,22 +308,20 @@ def main(args: argparse.Namespace) -> None:
     # ---- optimizer and LR schedule (a pure function of the step)
     r.optimizer = torch.optim.AdamW(param_groups(r.model, args.weight_decay), lr=args.lr, betas=(0.9, 0.98), eps=1e-9,
                                     fused=device.type == "cuda")  # fmt: skip
-    r.scheduler = torch.optim.lr_scheduler.LambdaLR(
-        r.optimizer, functools.partial(inverse_sqrt, warmup=args.warmup_steps)
-    )
+    lr_factor = functools.partial(inverse_sqrt, warmup=args.warmup_steps)
+    r.scheduler = torch.optim.lr_scheduler.LambdaLR(r.optimizer, lr_factor)
     r.scaler = torch.amp.GradScaler(device.type, enabled=r.dtype == torch.float16)
 
     # ---- resume (same command restarted by torchrun/Slurm continues where it stopped)
     pos = Position()
     if ckpt is not None:
-        if "shards" in ckpt and not r.fsdp:
-            raise UserError(f"{ckpt_path} is a sharded checkpoint of an FSDP run (resume it with --fsdp)")
         if r.fsdp:  # the shards resharded to this world size, or a DDP checkpoint's weights and optimizer state
             r.fsdp.load(ckpt_path, ckpt, r.model, r.optimizer)
+        elif "shards" in ckpt:
+            raise UserError(f"{ckpt_path} is a sharded checkpoint of an FSDP run (resume it with --fsdp)")
         # Another world size or accumulation cuts epochs into other batches: continue at the next epoch boundary.
-        model, optimizer = (None, None) if r.fsdp else (r.model, r.optimizer)
-        pos, ckpt = restore_training(ckpt_path, model, optimizer, r.scheduler, r.scaler, ckpt=ckpt,
-                                     world_size=info.world_size, accum_steps=args.accum_steps,
+        pos, ckpt = restore_training(ckpt_path, *((None, None) if r.fsdp else (r.model, r.optimizer)), r.scheduler,
+                                     r.scaler, ckpt=ckpt, world_size=info.world_size, accum_steps=args.accum_steps,
                                      resize="next_epoch")  # fmt: skip
     r.writer = CheckpointWriter(out if info.is_main else None)  # writes on a thread
 
@@ -338,12 +333,10 @@ def main(args: argparse.Namespace) -> None:
         steps_per_epoch=round(r.sampler.steps_per_epoch, 2), max_tokens_per_step=max_tokens, pack_len=pack_len,
         rows_per_batch=data.rows, row_fill=r.sampler.fill, bleu_signature=bleu_signature()))  # fmt: skip
     pos.wandb_id = logger.start_wandb("transformer", config, pos.wandb_id)
-    print0(
-        f"transformer {args.preset} ({n_params / 1e6:.1f}M params) on {data.n_train} pairs | "
-        f"{info.world_size} process(es) on {device.type} ({info.launcher}) | {data.rows} x {pack_len} tokens x "
-        f"{info.world_size} x {args.accum_steps} per step, {r.sampler.fill:.1%} of them real | "
-        f"{r.sampler.steps_per_epoch:.1f} steps/epoch | peak lr {args.lr:.4g}"
-    )
+    print0(f"transformer {args.preset} ({n_params / 1e6:.1f}M params) on {data.n_train} pairs | {info.world_size} "
+           f"process(es) on {device.type} ({info.launcher}{', FSDP2' if r.fsdp else ''}) | {data.rows} x {pack_len} "
+           f"tokens x {info.world_size} x {args.accum_steps} per step, {r.sampler.fill:.1%} of them real | "
+           f"{r.sampler.steps_per_epoch:.1f} steps/epoch | peak lr {args.lr:.4g}")  # fmt: skip
     total_steps = r.sampler.steps_before(args.epochs)
     max_steps = min(total_steps, args.max_steps or total_steps)
     r.progress, r.stop = Progress(info, max_steps, pos.step), StopSignal()
