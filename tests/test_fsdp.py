@@ -1,0 +1,137 @@
+"""transformer/train.py --fsdp (FSDP2 and torch.distributed.checkpoint) against DDP, on CPU with gloo: the same losses,
+an exact resume after a SIGKILL in the middle of a sharded save, a resume on 3 processes, a DDP checkpoint as the
+start, and best.pt for translate.py. Six short torchrun jobs, shared between the tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+import time
+
+import pytest
+import torch
+from conftest import PY, REPO, descendants_with_rank, popen, run, run_records, torchrun, torchrun_cmd
+
+sys.path.insert(0, str(REPO))
+pytest.importorskip("tokenizers")
+pytest.importorskip("sacrebleu")
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # noqa: E402
+
+TRAIN, TRANSLATE = str(REPO / "transformer" / "train.py"), str(REPO / "transformer" / "translate.py")
+# 8 steps of 2 micro-batches, a checkpoint after each, one evaluation at the end (best.pt)
+ARGS = [TRAIN, "--synthetic", "--preset", "tiny", "--layers", "1", "--pack-len", "128", "--max-tokens", "512",
+        "--accum-steps", "2", "-j", "0", "--lr", "1e-3", "--warmup-steps", "2", "-p", "1",
+        "--samples", "0"]  # fmt: skip
+FSDP = [*ARGS, "--fsdp", "--max-steps", "8", "--save-every-steps", "1"]
+NO_EVAL = ["--eval-every", "0"]  # for the runs whose evaluation no test reads
+
+
+def losses(out) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in map(json.loads, (out / "metrics.jsonl").open()) if r["split"] == "train"}
+
+
+def shards(out, name="last") -> dict:
+    """The weights and Adam's state that a checkpoint's shards hold, read back whole in this process."""
+    ckpt = torch.load(out / f"{name}.pt", weights_only=True)
+    dcp_to_torch_save(out / ckpt["shards"], out / f"{name}.whole")
+    return torch.load(out / f"{name}.whole", weights_only=True)
+
+
+def assert_equal_state(a: dict, b: dict) -> None:
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
+    for k, state in a["optimizer"]["state"].items():
+        for name, v in state.items():
+            assert torch.equal(v, b["optimizer"]["state"][k][name]), (k, name)
+
+
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory):
+    """2 DDP processes to step 8; step_00000004.pt, a copy of last.pt at step 4, starts an FSDP run below."""
+    out = tmp_path_factory.mktemp("ddp")
+    torchrun(2, *ARGS, *NO_EVAL, "--max-steps", "8", "--save-every-steps", "4", "--keep-last", "2", "--output-dir", out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def fsdp(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fsdp")
+    torchrun(2, *FSDP, "--output-dir", out)
+    return out
+
+
+def test_fsdp_trains_like_ddp(ddp, fsdp):
+    """Both start from rank 0's initialization and average the same gradients (FSDP by reduce-scatter, with the
+    clipping norm summed over shards): the losses of 8 steps agree to 1e-6 (the first steps bit for bit)."""
+    a, b = losses(ddp), losses(fsdp)
+    assert sorted(a) == sorted(b) == list(range(1, 9))
+    assert a[1] == b[1] and a[8] < a[1] - 0.5, (a, b)  # the same start, and it trains
+    assert all(b[s] == pytest.approx(a[s], rel=1e-6, abs=0) for s in a), (a, b)
+
+
+def test_sigkill_during_a_sharded_save_then_the_same_command_ends_as_one_run(fsdp, tmp_path):
+    """Rank 0 killed while the ranks write a checkpoint's shards (their temporary directory exists, not yet renamed):
+    the same command resumes from the last complete checkpoint, removes the torn directory, and ends with the same
+    weights and Adam state, bit for bit, and the same records as the uninterrupted run."""
+    out = tmp_path / "run"
+    proc = popen(torchrun_cmd(2, *FSDP, "--output-dir", out))
+    partial = lambda: [n for n in os.listdir(out) if re.fullmatch(r"\.last\..*\.dcp", n)] if out.exists() else []  # noqa: E731
+    deadline, torn = time.time() + 120, []
+    while not torn and time.time() < deadline and proc.poll() is None:
+        if partial() and os.path.exists(out / "last.pt"):  # a save after a complete one is under way
+            rank0 = descendants_with_rank(proc.pid, 0)[0]
+            os.kill(rank0, signal.SIGSTOP)
+            torn = partial()
+            os.kill(rank0, signal.SIGKILL if torn else signal.SIGCONT)
+        time.sleep(0.001)
+    log, _ = proc.communicate(timeout=120)
+    assert torn and proc.returncode != 0, ("no save caught", log[-3000:])
+    before = torch.load(out / "last.pt", weights_only=True)["step"]
+    log = run(torchrun_cmd(2, *FSDP, "--output-dir", out)).stdout
+    assert re.search(rf"resumed from .*last.pt: epoch 0, step {before},", log), log[-3000:]
+    assert not set(torn) & set(os.listdir(out))  # the killed write's directory is gone
+    assert len(list(out.glob("last.*.dcp"))) == 1 and len(list(out.glob("best.*.dcp"))) == 1
+    assert_equal_state(shards(fsdp), shards(out))
+    assert run_records(out) == run_records(fsdp)
+
+
+def test_resume_on_three_processes_reshards(fsdp, tmp_path):
+    """2 processes' checkpoint resumed by 3: the shards are read into 3 parts, and training goes on from the same
+    position (at the next epoch boundary, as after any change of world size), with Adam's state carried over."""
+    log = torchrun(3, *FSDP, *NO_EVAL, "--max-steps", "10", "--resume", fsdp / "last.pt", "--output-dir", tmp_path)
+    log = log.stdout
+    assert "resumed from" in log and "epoch 0, step 8, batch 16 of the epoch" in log, log[-3000:]
+    assert "world size 2 x accum 2, now 3 x 2" in log
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+    train = [(r["step"], r["epoch"]) for r in records if r["split"] == "train"]
+    assert train == [(9, 1), (10, 1)], records
+    assert abs(losses(tmp_path)[9] - losses(fsdp)[8]) < 0.2  # not a fresh model's loss (about 1 higher)
+    assert torch.load(tmp_path / "last.pt", weights_only=True)["world_size"] == 3
+    state = shards(tmp_path)["optimizer"]["state"]
+    assert all(s["step"].item() == 10 for s in state.values())  # 8 steps restored, 2 taken
+
+
+def test_ddp_checkpoint_starts_fsdp_and_translate_reads_best_pt(ddp, fsdp, tmp_path, monkeypatch, capsys):
+    """A DDP checkpoint (weights and Adam's state keyed by position) continues under --fsdp with DDP's losses; an FSDP
+    best.pt holds the whole model, equal to its shards, and translate.py reads it; DDP refuses a sharded one."""
+    out = tmp_path / "from_ddp"
+    log = torchrun(2, *ARGS, *NO_EVAL, "--fsdp", "--max-steps", "8", "--resume", ddp / "step_00000004.pt",
+                   "--output-dir", out)  # fmt: skip
+    assert "epoch 0, step 4, batch 8 of the epoch" in log.stdout, log.stdout[-3000:]
+    a, b = losses(ddp), losses(out)
+    assert sorted(b) == [5, 6, 7, 8] and all(b[s] == pytest.approx(a[s], rel=1e-6, abs=0) for s in b), (a, b)
+    best = torch.load(fsdp / "best.pt", weights_only=True)
+    whole = shards(fsdp, "best")["model"]
+    assert best["model"].keys() == whole.keys() and all(torch.equal(v, whole[k]) for k, v in best["model"].items())
+    lines = run([PY, TRANSLATE, "--checkpoint", fsdp / "best.pt", "suta mine susu", "", "kaka mine"]).stdout
+    assert len(lines.split("\n")) == 4 and lines.split("\n")[1] == "", lines
+    import transformer.train as train
+
+    monkeypatch.setattr(sys, "argv", [TRAIN, *ARGS[1:], "--resume", str(fsdp / "last.pt"), "--output-dir", str(out)])
+    with pytest.raises(SystemExit) as e:
+        train.run_cli(train.cli)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith("error: ") and "sharded checkpoint of an FSDP run" in err, err
