@@ -20,6 +20,8 @@ pytest.importorskip("tokenizers")
 pytest.importorskip("sacrebleu")
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 TRAIN, TRANSLATE = str(REPO / "transformer" / "train.py"), str(REPO / "transformer" / "translate.py")
 # 8 steps of 2 micro-batches, a checkpoint after each, one evaluation at the end (best.pt)
 ARGS = [TRAIN, "--synthetic", "--preset", "tiny", "--layers", "1", "--pack-len", "128", "--max-tokens", "512",
@@ -116,7 +118,7 @@ def test_resume_on_three_processes_reshards(fsdp, tmp_path):
 
 def test_ddp_checkpoint_starts_fsdp_and_translate_reads_best_pt(ddp, fsdp, tmp_path, monkeypatch, capsys):
     """A DDP checkpoint (weights and Adam's state keyed by position) continues under --fsdp with DDP's losses; an FSDP
-    best.pt holds the whole model, equal to its shards, and translate.py reads it; DDP refuses a sharded one."""
+    best.pt holds the whole model, equal to its shards, and translate.py reads it; DDP refuses a sharded checkpoint."""
     out = tmp_path / "from_ddp"
     log = torchrun(2, *ARGS, *NO_EVAL, "--fsdp", "--max-steps", "8", "--resume", ddp / "step_00000004.pt",
                    "--output-dir", out)  # fmt: skip

@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from common.checkpoint import save_checkpoint, strip_prefixes
 from common.distributed import broadcast_object, is_dist
@@ -45,8 +45,6 @@ def shard(model: torch.nn.Module, dtype: torch.dtype | None) -> torch.nn.Module:
     for layer in [*model.encoder, *model.decoder]:
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
-    for method in ("encode", "decode"):  # evaluation and decoding call these instead of forward
-        register_fsdp_forward_method(model, method)
     return model
 
 
@@ -64,7 +62,8 @@ def no_sync(model: FSDPModule):
 def whole_weights(model: FSDPModule):
     """Every rank holds all the weights for evaluation: ranks decode different numbers of batches and steps, so no
     forward may wait for the others. Gathered once, in the same order everywhere; the gradients and optimizer
-    state stay sharded."""
+    state stay sharded. Decoding calls the layers without the root's forward, which is fine once the root has run
+    forward (evaluate() computes the loss first)."""
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]  # the root first
     for m in units:
         m.unshard()
@@ -102,6 +101,8 @@ def load(path: Path, ckpt: dict, model, optimizer) -> None:
     (resharded to this number of ranks), or a single-file checkpoint of a DDP run (every rank keeps its part)."""
     try:
         if "shards" in ckpt:
+            if not (path.parent / ckpt["shards"]).is_dir():
+                raise UserError(f"{path} names the directory {ckpt['shards']} beside it, which is missing (copy both)")
             model_state, optim_state = get_state_dict(model, optimizer)
             state = {"model": model_state, "optimizer": optim_state}
             dcp.load(state, checkpoint_id=path.parent / ckpt["shards"])
@@ -116,5 +117,6 @@ def load(path: Path, ckpt: dict, model, optimizer) -> None:
         set_state_dict(model, optimizer, model_state_dict=strip_prefixes(ckpt["model"]), optim_state_dict=optim_state,
                        options=StateDictOptions(full_state_dict=True))  # fmt: skip
     except (RuntimeError, ValueError, KeyError, IndexError, dcp.CheckpointException) as e:
-        detail = " ".join(str(e).split())[:240]
+        cause = next(iter(e.failures.values()))[0] if isinstance(e, dcp.CheckpointException) else e  # one rank's
+        detail = " ".join(str(cause).split())[:240]
         raise UserError(f"checkpoint {path} does not fit this model (another preset or size?): {detail}") from None

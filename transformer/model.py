@@ -46,7 +46,7 @@ PRESETS = {
     "base": dict(d_model=512, n_heads=8, enc_layers=6, dec_layers=6, d_ff=2048, dropout=0.1),  # Vaswani et al.
     "small": dict(d_model=512, n_heads=8, enc_layers=3, dec_layers=3, d_ff=1024, dropout=0.4),  # Multi30k-size data
     "tiny": dict(d_model=64, n_heads=4, enc_layers=2, dec_layers=2, d_ff=256, dropout=0.0),  # tests, CPU smoke runs
-    "1b": dict(d_model=2048, n_heads=16, enc_layers=9, dec_layers=9, d_ff=8192, dropout=0.1),  # 1.07B params: DDP vs FSDP2
+    "1b": dict(d_model=2048, n_heads=16, enc_layers=9, dec_layers=9, d_ff=8192, dropout=0.1),  # 1.07B params
 }
 
 
