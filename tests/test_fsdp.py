@@ -102,9 +102,10 @@ def test_sigkill_during_a_sharded_save_then_the_same_command_ends_as_one_run(fsd
 
 def test_resume_on_three_processes_reshards(fsdp, tmp_path):
     """2 processes' checkpoint resumed by 3: the shards are read into 3 parts, and training goes on from the same
-    position (at the next epoch boundary, as after any change of world size), with Adam's state carried over."""
-    log = torchrun(3, *FSDP, *NO_EVAL, "--max-steps", "10", "--resume", fsdp / "last.pt", "--output-dir", tmp_path)
-    log = log.stdout
+    position (at the next epoch boundary, as after any change of world size), with Adam's state carried over; under
+    --amp bf16 (weights gathered in bf16, gradients reduced in fp32) from an fp32 run."""
+    log = torchrun(3, *FSDP, *NO_EVAL, "--amp", "bf16", "--max-steps", "10", "--resume", fsdp / "last.pt",
+                   "--output-dir", tmp_path).stdout  # fmt: skip
     assert "resumed from" in log and "epoch 0, step 8, batch 16 of the epoch" in log, log[-3000:]
     assert "world size 2 x accum 2, now 3 x 2" in log
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
