@@ -2,7 +2,7 @@
 
 Under DDP every rank holds the whole model, its gradients and Adam's two moments: 16 bytes a parameter. FSDP2
 (`fully_shard`) keeps 1/N of each on each of N ranks, and gathers one layer's weights just before its forward and
-backward. Imported only with --fsdp (torch.distributed.checkpoint costs the start half a second).
+backward. Imported only with --fsdp: torch.distributed.checkpoint is slow to import.
 
 A checkpoint is two things: `last.pt` (or `best.pt`), the small file of everything but the weights and optimizer
 state, in the schema of every other run (common/checkpoint.py), naming `last.<step>-<tag>.dcp/`, the directory of
