@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +19,8 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from common.distributed import STOP_SIGNALS, mix_seed
+
+fork_server_pid: int | None = None  # set in the fork server (forkserver_guard); the workers it forks inherit it
 
 
 class ResumableDistributedSampler(Sampler):
@@ -87,7 +90,7 @@ class SeededDataset(Dataset):
             return self.dataset[i]
 
 
-def die_with_parent() -> None:
+def die_with_parent(parent: int | None = None) -> None:
     """Linux: have the kernel SIGKILL this process when the thread that started it exits (PR_SET_PDEATHSIG).
 
     SIGKILL ends even a stopped process. Two links use it, so that DataLoader workers never outlive their rank,
@@ -95,6 +98,7 @@ def die_with_parent() -> None:
     with its rank (``worker_context`` preloads common/forkserver_guard.py into it), and each worker with the fork
     server (``init_worker``). The fork server alone would not exit: it waits for its last worker, and a worker
     stopped or stuck in a read would then keep the job's stdout open and hang whatever waits on it.
+    ``parent``: the pid the parent had; one that died before this call sends nothing, so this process ends itself.
     """
     import sys
 
@@ -104,6 +108,8 @@ def die_with_parent() -> None:
 
         pr_set_pdeathsig = 1
         ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL)
+        if parent is not None and os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def leave_signals_to_the_rank(block: bool = False) -> None:
@@ -144,7 +150,7 @@ def init_worker(worker_id: int) -> None:
     random.seed(s)
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed(s)
-    die_with_parent()
+    die_with_parent(fork_server_pid)
     leave_signals_to_the_rank()
 
 
