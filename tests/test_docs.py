@@ -61,6 +61,19 @@ def test_readme_cpu_commands_run(quickstart):
     assert [r["step"] for r in train] == [5, 10] and all(r["img_per_s"] > 0 and r["loss"] > 0 for r in train)
 
 
+def test_readme_layout_lists_every_file():
+    """The README's layout block names each file and subfolder of the code folders (README.md, __init__.py aside)."""
+    block = re.search(r"## Layout\n\n```\n(.*?)```", (REPO / "README.md").read_text(), re.S).group(1)
+    listed, folder = {}, None
+    for line in block.splitlines():
+        head, *names = line.split() if not line.startswith(" ") else [folder, *line.split()]
+        folder = head
+        listed.setdefault(head.rstrip("/"), set()).update(n for n in names if not n.endswith(":"))
+    for name in ("common", "cifar_resnet", "imagenet", "transformer", "scripts", "bench"):
+        present = {p.name + "/" * p.is_dir() for p in (REPO / name).iterdir() if not p.name.startswith((".", "__"))}
+        assert listed[name] == present - {"README.md"}, name
+
+
 def make_it_yours(doc: str) -> list[str]:
     """The command lines of a README's `<!-- make-it-yours -->` block: what a user runs to copy the script."""
     (block,) = re.findall(r"<!-- make-it-yours -->\s*```bash\n(.*?)```", (REPO / doc).read_text(), re.S)

@@ -102,8 +102,12 @@ def slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-def test_links_into_benchmarks_md_name_its_sections():
-    anchors = {slug(h) for h in re.findall(r"^#+ (.*)$", (REPO / "BENCHMARKS.md").read_text(), re.M)}
-    for doc in REPO.glob("*/README.md"):
-        for anchor in re.findall(r"BENCHMARKS\.md#([\w-]+)", doc.read_text()):
-            assert anchor in anchors, f"{doc.relative_to(REPO)} links to BENCHMARKS.md#{anchor}, not a section"
+def test_links_between_the_docs_name_existing_files_and_sections():
+    for doc in map(REPO.joinpath, DOCS):
+        for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
+            path, _, anchor = target.partition("#")
+            linked = doc.parent / path if path else doc
+            assert target.startswith("http") or linked.exists(), f"{doc.relative_to(REPO)} links to {target}"
+            if anchor and not target.startswith("http"):
+                anchors = {slug(h) for h in re.findall(r"^#+ (.*)$", linked.read_text(), re.M)}
+                assert anchor in anchors, f"{doc.relative_to(REPO)} links to {target}, not a section"
