@@ -20,7 +20,7 @@ from statistics import median as med
 REPO = Path(__file__).resolve().parent.parent
 RUNS = REPO / "docs" / "runs"
 B, IN, CI, TR = "BENCHMARKS.md", "imagenet/README.md", "cifar_resnet/README.md", "transformer/README.md"
-DOCS = ["README.md", B, *sorted(p.relative_to(REPO).as_posix() for p in REPO.glob("*/README.md"))]
+DOCS = ["README.md", B, *sorted(p.relative_to(REPO).as_posix() for p in REPO.glob("[!.]*/README.md"))]
 # figures a doc quotes from elsewhere (papers, constants of a table)
 NOT_FROM_LOGS = {B: ["100%"] * 3 + ["91.25%", "93.03%"], IN: ["77.1%", "76.13%"], TR: ["10%"]}
 UNIT = re.compile(r"\d[\d,.]*\s?(?:%|img/s|tok/s|tokens/s)")
@@ -73,8 +73,7 @@ def figures() -> list[tuple]:
     r50, r50x2, r50a = seeds("r50_full_seed{}"), seeds("r50_full_seed{}", "2xh200"), seeds("r50_full_e100_nographs_seed{}")
     c1, c2, c4 = "cifar_r18_e80_seed0_1xh100.jsonl", seeds("r18_e80_seed{}", "2xh100"), "cifar_r18_e80_seed0_4xh100.jsonl"
     c1_s, c4_s, c2_s = since_start(q100, "/tmp/c1_seed0_cold "), since_start(q100, "/tmp/c4_seed0 "), [since_start(q100, f"/tmp/c2_seed{s} ") for s in range(3)]
-    cg, cl = "cifar_r18_e20_gpudata_1xh100.jsonl", "cifar_r18_e20_dataloader_1xh100.jsonl"
-    cg_s, cl_s = since_start(q100, "/tmp/c1_e20_gpudata "), since_start("console_tr_base_compile_cudnn_cifar_dataloader_1xh100.log", "/tmp/c1_e20_loader ")
+    cg, cl, cg_s, cl_s = "cifar_r18_e20_gpudata_1xh100.jsonl", "cifar_r18_e20_dataloader_1xh100.jsonl", since_start(q100, "/tmp/c1_e20_gpudata "), since_start("console_tr_base_compile_cudnn_cifar_dataloader_1xh100.log", "/tmp/c1_e20_loader ")
     r50_ips, r50x2_ips = (med(median(x, skip=1) for x in logs) for logs in (r50, r50x2))
     imf, if_s = "imagefolder_r18_cifar64px_1xh200.jsonl", grab(q200, r"\[(\d+) s wall\] python3 imagenet/train.py /tmp/inet")
     bleu1 = "tr_small_deen_bleu_packed_d04_t8k_1xh100.jsonl"
@@ -107,8 +106,8 @@ def figures() -> list[tuple]:
     sm_pad, sm_c, sm_g, sm_bare = (row(x, w, "tok_per_s") for x, w in ((sm_eager, sms), (trs, sms + ", compile"), (trs, sms + ", compile, CUDA graphs"), (trs, smb)))
     mfu = lambda log, what: 100 * row(log, what, "mfu")  # noqa: E731
     bare = lambda log, what: (row(log, what, "tok_per_s"), mfu(log, what), row(log, what, "first_step_s"))  # noqa: E731
-    trl, prof = "tr_base_m8_small_scripts_1xh100.log", "transformer_base_packed_bare_profile_1xh100.txt"
-    prof_mm = grab(prof, r"matmul: ([\d.]+) ms")
+    trl, prof, prof_mm = "tr_base_m8_small_scripts_1xh100.log", "transformer_base_packed_bare_profile_1xh100.txt", grab("transformer_base_packed_bare_profile_1xh100.txt", r"matmul: ([\d.]+) ms")
+    st = {(r["script"].split("/")[0], r["mode"]): r for r in json.loads(text("startup_gc_2core.json"))["rows"]}
     m8 = [median(f"tr_base_m8_compile_{n}xh200.jsonl", "tok_per_s") for n in (1, 2)]
     bleu = [f"tr_small_deen_bleu_packed_{k}_1xh100.jsonl" for k in ("d04_t8k", "d04_t6k", "d03_t6k", "d03_t4k")] + ["multi30k_deen_small_packed_compile_1xh100.jsonl"]
     return [
@@ -125,8 +124,7 @@ def figures() -> list[tuple]:
         (B, "over 36 files: {:.1f} levels", jpeg(j["tg"], "pixel_check")["max_mad_vs_pillow"]), (B, "remaining {:.0f}%", 100 - 100 * ji["tg"] / ji["dg"]),
         (B, "replays: {:.0f}% of `--dummy`, against {:.0f}% with the 32", 100 * ji["t8"] / ji["dg"], 100 * ji["tg"] / ji["dg"]),
         (B, "| `--dummy` | {:,.0f} | {:,.0f} | {:.1f}% |", js["dummy1"], js["dummy2"], eff(js["dummy2"], js["dummy1"], 2)),
-        (B, "| {:,.0f} ({:.0f}% of `--dummy`) | {:,.0f} ({:.0f}%) | {:.1f}% |", js["gpu_decode1"], 100 * js["gpu_decode1"] / js["dummy1"],
-         js["gpu_decode2"], 100 * js["gpu_decode2"] / js["dummy2"], eff(js["gpu_decode2"], js["gpu_decode1"], 2)),
+        (B, "| {:,.0f} ({:.0f}% of `--dummy`) | {:,.0f} ({:.0f}%) | {:.1f}% |", js["gpu_decode1"], 100 * js["gpu_decode1"] / js["dummy1"], js["gpu_decode2"], 100 * js["gpu_decode2"] / js["dummy2"], eff(js["gpu_decode2"], js["gpu_decode1"], 2)),
         (B, "{:,.0f} to {:,.0f} img/s (`--dummy`'s lowest: {:,.0f})", *(f(windows(f"jpeg_{k}_2xh200.jsonl")) for f, k in ((min, "gpu_decode"), (max, "gpu_decode"), (min, "dummy")))),
         (B, "gives {:,.0f} img/s on 1 GPU\nand {:,.0f} on 2: {:.1f}% per GPU", *tv_steady, eff(tv_steady[1], tv_steady[0], 2)),
         (B, "writes `last.pt` in\n  {:.2f} s", grab("tr_base_m8_trace_eager_4xh100.txt", r"([\d.]+) ms  boundary: save_checkpoint") / 1e3),
@@ -153,8 +151,7 @@ def figures() -> list[tuple]:
         # BENCHMARKS.md, Transformer
         (B, "{:.1f} steps an epoch", grab(trl, r"on 232000 pairs [^\n]* ([\d.]+) steps/epoch")), (B, "| {:,.0f} | — | — |", tr_loop),
         (B, "**{:,.0f}** ({:.0f}× the baseline, **{:.1f}%** of the bare step) | {:.1f}%", tr_c1, tr_c1 / tr_loop, 100 * tr_c1 / tr_bare, mfu(trn, tr_script)),
-        *[(B, "| {:,.0f} | {:.1f}% | {:.0f} s |", *bare(x, pks + w)) for x, w in ((trn, "model and loss compiled together"), (pk, "model and loss compiled together"),
-                                                                              (pk, "each layer and the loss compiled apart"))],
+        *[(B, "| {:,.0f} | {:.1f}% | {:.0f} s |", *bare(x, pks + w)) for x, w in ((trn, "model and loss compiled together"), (pk, "model and loss compiled together"), (pk, "each layer and the loss compiled apart"))],
         (B, "| {:,.0f} | {:.1f}% | — |", row(pk, unpacked, "tok_per_s"), mfu(pk, unpacked)), (B, "| {:,.0f} | {:.1f}% | — |", sm_pad, mfu(sm_eager, sms)),
         (B, "| {:,.0f} ({:.1f}× the padded eager script) | {:.1f}%", sm_c, sm_c / sm_pad, mfu(trs, sms + ", compile")),
         (B, "**{:,.0f}** ({:.1f}× the padded eager script, {:.0f}% of the bare step) | {:.1f}%", sm_g, sm_g / sm_pad, 100 * sm_g / sm_bare, mfu(trs, sms + ", compile, CUDA graphs")),
@@ -172,6 +169,9 @@ def figures() -> list[tuple]:
         (IN, "{:,.0f} img/s,\n{:.1f}% of `--dummy`", ji["tg"], 100 * ji["tg"] / ji["dg"]),
         # BENCHMARKS.md, random faults (bench/chaos.py)
         *[chaos(s) for s in ("cifar", "transformer", "imagenet")],
+        # BENCHMARKS.md, process start-up: CPU time with gc on, then off during the imports and frozen
+        *[(B, "| {:.2f} s | {:.2f} s | {:.0f}% | {:.0f} / {:.1f} ms |", on["cpu_median_s"], off["cpu_median_s"], 100 * (1 - off["cpu_median_s"] / on["cpu_median_s"]), on["collect_ms_median"], off["collect_ms_median"])
+          for on, off in ((st[s, "gc on"], st[s, "gc off, frozen"]) for s in ("cifar_resnet", "imagenet", "transformer"))],
     ]
 # fmt: on
 

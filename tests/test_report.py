@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import PY, REPO, run
 
-DOCS = ["README.md", "BENCHMARKS.md", *sorted(p.relative_to(REPO).as_posix() for p in REPO.glob("*/README.md"))]
+DOCS = ["README.md", "BENCHMARKS.md", *sorted(p.relative_to(REPO).as_posix() for p in REPO.glob("[!.]*/README.md"))]
 
 
 def copy_docs(dst):
