@@ -192,24 +192,6 @@ class LossWindow:
         return {"sums": sums, "n": self.n, "step0": self.step0, "seconds": time.time() - self.t0}
 
 
-class Clock:
-    """Wall time by phase (start, data, compile, eval, checkpoint; train is the rest), plus what earlier processes
-    of the run spent up to their last checkpoint (``carried``, from last.pt)."""
-
-    def __init__(self, t_process: float, t_start: float, t_data: float):
-        self.parts = {"start": t_start - t_process, "data": t_data - t_start, "eval": 0.0, "checkpoint": 0.0}
-        self.t_process, self.t_data, self.carried = t_process, t_data, {}
-
-    def total(self) -> dict[str, float]:
-        now = {**self.parts, "wall": time.time() - self.t_process}
-        return {k: now.get(k, 0.0) + self.carried.get(k, 0.0) for k in {*now, *self.carried}}
-
-    def record(self) -> dict[str, float]:
-        total = self.total()
-        total["train"] = 2 * total["wall"] - sum(v for k, v in total.items() if k != "train")
-        return {k: total.get(k, 0.0) for k in ("start", "data", "compile", "train", "eval", "checkpoint", "wall")}
-
-
 class Progress:
     """Rank-0 progress: tqdm on a terminal, plain lines otherwise (CI, Slurm logs)."""
 
