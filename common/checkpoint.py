@@ -219,22 +219,20 @@ def restore_training(
     accum_steps: int,
     batch_size: int | None = None,
     ema: Any = None,
-    extra: dict[str, Any] | None = None,
     ckpt: dict[str, Any] | None = None,
     resize: str = "convert",
 ) -> tuple[Position, dict[str, Any]]:
-    """Load ``checkpoint_state``'s keys (``ckpt`` if already loaded) into the training objects, ``ema`` and
-    ``extra``'s by key. If the world size or batch changed, ``resize="convert"`` continues the epoch after the same
-    samples, ``"next_epoch"`` (batches of no fixed sample count) at the next epoch boundary."""
+    """Load ``checkpoint_state``'s keys (``ckpt`` if already loaded) into the training objects and ``ema``. If the
+    world size or batch changed, ``resize="convert"`` continues the epoch after the same samples, ``"next_epoch"``
+    (batches of no fixed sample count) at the next epoch boundary."""
     ckpt = load_checkpoint(path) if ckpt is None else ckpt
     load_model_state(model, ckpt["model"], path)
     try:
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
         scaler.load_state_dict(ckpt["scaler"])
-        for key, obj in (({"ema": ema} if ema is not None else {}) | (extra or {})).items():
-            if key in ckpt:
-                obj.load_state_dict(ckpt[key])
+        if ema is not None and "ema" in ckpt:
+            ema.load_state_dict(ckpt["ema"])
     except (KeyError, ValueError, RuntimeError) as e:
         raise UserError(f"checkpoint {path} has no usable optimizer state ({str(e)[:200]})") from None
     pos = Position(ckpt["epoch"], ckpt["step"], ckpt["batch_in_epoch"], ckpt["best_metric"], ckpt.get("wandb_id"),

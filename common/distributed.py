@@ -289,7 +289,7 @@ def _wait_for_master(init_method: str, timeout_s: float) -> None:
             time.sleep(0.5)
 
 
-def exit_with_launcher(launch: LaunchEnv, poll: float = 0.5) -> None:
+def exit_with_launcher(launch: LaunchEnv) -> None:
     """Under an elastic agent (torchrun, accelerate) or mp.spawn, end this rank within a second of its launcher's
     death: torchrun detaches its ranks (setsid), so ranks of a SIGKILLed agent would otherwise go on writing or wait
     forever. slurmstepd ends its tasks itself, and a plain ``python``'s parent may go without ending the job."""
@@ -300,7 +300,7 @@ def exit_with_launcher(launch: LaunchEnv, poll: float = 0.5) -> None:
 
     def watch() -> None:
         while True:
-            time.sleep(poll)
+            time.sleep(0.5)
             _exit_if_launcher_gone()
 
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
@@ -364,19 +364,19 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def broadcast_buffers(module: torch.nn.Module, src: int = 0) -> None:
-    """Rank ``src``'s buffers (BatchNorm statistics) on every rank: DDP broadcasts them only at a forward's start,
+def broadcast_buffers(module: torch.nn.Module) -> None:
+    """Rank 0's buffers (BatchNorm statistics) on every rank: DDP broadcasts them only at a forward's start,
     so call before evaluating, or each rank evaluates its own model, not the checkpoint's."""
     if is_dist():
         for b in module.buffers():
-            dist.broadcast(b, src=src)
+            dist.broadcast(b, src=0)
 
 
-def broadcast_object(obj: Any, src: int = 0) -> Any:
+def broadcast_object(obj: Any) -> Any:  # rank 0's object
     if not is_dist():
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src)
+    dist.broadcast_object_list(box, src=0)
     return box[0]
 
 

@@ -32,10 +32,10 @@ STARTING = "starting the training loop"
 class Watchdog:
     """Ends this process if ``beat()`` (or ``batches()``) is not called for ``timeout`` seconds (0: never)."""
 
-    def __init__(self, timeout: float, rank: int = 0, what: str = STARTING):
+    def __init__(self, timeout: float, rank: int = 0):
         self.timeout, self.rank = timeout, rank
         # (since, doing what, starting); one tuple, replaced whole: the thread never sees half an update
-        self.state = (time.monotonic(), what, False)
+        self.state = (time.monotonic(), STARTING, False)
         self.stepped = False  # True once a whole training step is done: from then on `timeout` applies
         self._stopped = threading.Event()
         self._poll = min(5.0, timeout / 4)
