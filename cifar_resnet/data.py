@@ -19,22 +19,6 @@ MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 ERASE_SCALE, ERASE_RATIO, ERASE_TRIES = (0.02, 0.33), (0.3, 3.3), 10  # torchvision RandomErasing's defaults
 
 
-class SyntheticCIFAR(torch.utils.data.Dataset):
-    """Sample i is a fixed function of (seed, i): deterministic, no disk. Without a transform: uint8 CHW."""
-
-    def __init__(self, n: int, seed: int, transform=None):
-        self.n, self.seed, self.transform = n, seed, transform
-        self.targets = [i % 10 for i in range(n)]
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        g = torch.Generator().manual_seed(mix_seed(self.seed, i))
-        img = torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8, generator=g)
-        return (self.transform(img) if self.transform else img), self.targets[i]
-
-
 class CIFARArrays(torch.utils.data.Dataset):
     """Decoded images (uint8 NHWC) and labels. With a transform: PIL image -> transform; without: uint8 CHW."""
 
@@ -88,14 +72,21 @@ def load_batch(path: Path) -> dict:
     return entry
 
 
-def read_pickles(folder: Path, train: bool, transform=None) -> CIFARArrays:
+def synthetic(n: int, seed: int, transform) -> CIFARArrays:
+    """Image i is a fixed function of (seed, i): deterministic, no disk."""
+    gens = (torch.Generator().manual_seed(mix_seed(seed, i)) for i in range(n))
+    images = [torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8, generator=g).permute(1, 2, 0) for g in gens]
+    return CIFARArrays(torch.stack(images).numpy(), [i % 10 for i in range(n)], transform)
+
+
+def read_pickles(folder: Path, train: bool) -> CIFARArrays:
     """torchvision's CIFAR-10 files (cifar-10-batches-py/), without MD5 checks so that copies work."""
     data, targets = [], []
     for name in [f"data_batch_{i}" for i in range(1, 6)] if train else ["test_batch"]:
         entry = load_batch(folder / name)
         data.append(entry["data"])
         targets += entry["labels"]
-    return CIFARArrays(np.concatenate(data).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).copy(), targets, transform)
+    return CIFARArrays(np.concatenate(data).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).copy(), targets)
 
 
 def _decode(paths: list[str]) -> np.ndarray:
@@ -167,11 +158,7 @@ def decode_folder(folder: Path, cache_dirs: tuple[Path, ...], workers: int, writ
 def load_splits(args, transform_train, transform_eval, cache_dir: Path, writer: bool):
     """(train, eval, eval_name) datasets for the chosen source, with their transforms."""
     if args.synthetic:
-        return (
-            SyntheticCIFAR(5000, args.seed, transform_train),
-            SyntheticCIFAR(1000, args.seed + 1, transform_eval),
-            "val",
-        )
+        return synthetic(5000, args.seed, transform_train), synthetic(1000, args.seed + 1, transform_eval), "val"
     root = Path(args.data_dir)
     if args.download or (root / "cifar-10-batches-py").is_dir():
         if args.download:
@@ -212,17 +199,10 @@ def load_splits(args, transform_train, transform_eval, cache_dir: Path, writer: 
     return train, test, eval_name
 
 
-def to_uint8_tensors(ds) -> tuple[torch.Tensor, torch.Tensor]:
-    if isinstance(ds, CIFARArrays):
-        return torch.from_numpy(ds.data), torch.as_tensor(ds.targets)
-    xs, ys = zip(*torch.utils.data.DataLoader(ds, batch_size=500, num_workers=0))
-    return torch.cat(xs).permute(0, 2, 3, 1).contiguous(), torch.cat(ys)
-
-
-def eval_transform(args):
+def eval_transform():
     import torchvision.transforms as T
 
-    return T.Compose([T.ToTensor() if not args.synthetic else T.ConvertImageDtype(torch.float), T.Normalize(MEAN, STD)])
+    return T.Compose([T.ToTensor(), T.Normalize(MEAN, STD)])
 
 
 def train_transform(args, tf_eval):
@@ -241,8 +221,14 @@ class DeviceData:
     def __init__(self, train_ds, eval_ds, device: torch.device):
         import torch.nn.functional as F
 
-        train_x, self.train_y = (t.to(device) for t in to_uint8_tensors(train_ds))
-        self.eval_x, self.eval_y = (t.to(device) for t in to_uint8_tensors(eval_ds))
+        train_x, self.train_y = (
+            torch.from_numpy(train_ds.data).to(device),
+            torch.tensor(train_ds.targets, device=device),
+        )
+        self.eval_x, self.eval_y = (
+            torch.from_numpy(eval_ds.data).to(device),
+            torch.tensor(eval_ds.targets, device=device),
+        )
         self.train_x = F.pad(train_x.permute(0, 3, 1, 2), (4, 4, 4, 4), mode="reflect").permute(0, 2, 3, 1).contiguous()
 
     def train_batches(self, indices: list[int], batch_size: int, erasing: float, seed: int, epoch: int, rank: int,

@@ -142,7 +142,7 @@ def build_model(arch: str) -> nn.Module:
 
 def build_data(args, info, out: Path) -> SimpleNamespace:
     """Datasets, the train sampler and loaders, or with --gpu-data the whole uint8 dataset on the device."""
-    tf_eval = eval_transform(args)
+    tf_eval = eval_transform()
     if args.download and info.is_main:  # rank 0 downloads, the others wait, then all read
         load_splits(args, None, None, out, writer=False)
     barrier()
