@@ -29,13 +29,9 @@ def strip_prefixes(state_dict: dict[str, Any]) -> dict[str, Any]:
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The bare model under DDP (``.module``) and torch.compile (``._orig_mod``)."""
-    while True:
-        if hasattr(model, "module"):
-            model = model.module
-        elif hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        else:
-            return model
+    while hasattr(model, "module") or hasattr(model, "_orig_mod"):
+        model = model.module if hasattr(model, "module") else model._orig_mod
+    return model
 
 
 @contextlib.contextmanager
@@ -52,8 +48,7 @@ def atomic_write(path: str | os.PathLike) -> Iterator[IO[bytes]]:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        Path(tmp).unlink(missing_ok=True)
         raise
     dir_fd = os.open(path.parent, os.O_RDONLY)  # make the rename itself durable
     try:
