@@ -100,8 +100,7 @@ class MetricsLogger:
         self.info, self.enabled = info, info.is_main
         self.path = Path(output_dir) / "metrics.jsonl"
         self.output_dir = Path(output_dir)
-        self.wandb = None
-        self.use_wandb = use_wandb and self.enabled  # the package was checked on every rank (check_wandb)
+        self.wandb, self.use_wandb = None, use_wandb and self.enabled  # the package was checked (check_wandb)
 
     def write_config(self, args: Any, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         i = self.info
@@ -196,8 +195,7 @@ class Progress:
     """Rank-0 progress: tqdm on a terminal, plain lines otherwise (CI, Slurm logs)."""
 
     def __init__(self, info: DistInfo, total: int, initial: int = 0):
-        self.enabled, self.total = info.is_main, total
-        self.bar = None
+        self.enabled, self.total, self.bar = info.is_main, total, None
         self.start, self.start_step = time.time(), initial
         if self.enabled and sys.stderr.isatty() and os.environ.get("CI") is None:
             try:

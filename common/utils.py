@@ -108,8 +108,7 @@ class EMA:
 
 def check_finite_loss(loss: float | torch.Tensor, step: int) -> None:
     """A NaN or infinite loss stops the run before a checkpoint holds such weights (checked where the loop syncs)."""
-    value = float(loss)
-    if not math.isfinite(value):
+    if not math.isfinite(value := float(loss)):
         raise UserError(
             f"loss is {value} at step {step}: stopped before writing a checkpoint, the last one is intact (lower "
             "--lr, check the data, or resume from last.pt with other settings)"
@@ -129,15 +128,12 @@ class StopSignal:
     """SIGTERM and SIGUSR2 (Slurm's ``--signal``) on any rank stop every rank at a step boundary: they agree by an
     all-reduce on a gloo group, started at one step and read at the next, so it never blocks the GPU stream."""
 
-    def __init__(self, names: Iterable[str] = STOP_SIGNALS):
-        self.flag = torch.zeros(1, dtype=torch.int32)
-        self.work = None
-        self.group = None
-        self.received: str | None = None
-        for name in names:
+    def __init__(self):
+        self.flag, self.work, self.received = torch.zeros(1, dtype=torch.int32), None, None
+        for name in STOP_SIGNALS:
             signal.signal(getattr(signal, name), self._handler)
-        if is_dist():  # its own group: never interleaves with DDP's gradient all-reduces on the default group
-            self.group = dist.new_group(backend="gloo")
+        # its own group: never interleaves with DDP's gradient all-reduces on the default group
+        self.group = dist.new_group(backend="gloo") if is_dist() else None
 
     def _handler(self, signum: int, frame: Any) -> None:
         self.received = signal.Signals(signum).name
