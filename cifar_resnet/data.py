@@ -114,17 +114,22 @@ def folder_fingerprint(samples: list[tuple[str, int]]) -> str:
     return h.hexdigest()[:16]
 
 
-def decode_folder(folder: Path, cache_dirs: tuple[Path, ...], workers: int, writer: bool) -> CIFARArrays:
+def decode_folder(folder: Path, cache_dirs: tuple[Path, ...], workers: int, writer: bool, classes=None) -> CIFARArrays:
     """An ImageFolder decoded once into ``.decoded-<split>-<hash>.npz`` in the first writable cache dir: ``writer``
-    (one rank per host) decodes with ``workers`` processes and writes it atomically. Call on every rank (a barrier)."""
+    (one rank per host) decodes with ``workers`` processes and writes it atomically. Call on every rank (a barrier).
+    ``classes``: the training set's class names, which label this folder by name, so a class it lacks shifts none."""
     from torchvision.datasets import ImageFolder
 
     from common.data import worker_context
 
     try:
-        samples = ImageFolder(str(folder)).samples
+        found = ImageFolder(str(folder))
     except (FileNotFoundError, OSError) as e:
         raise UserError(f"bad ImageFolder {folder}: {e}") from None
+    samples, classes = found.samples, classes or found.classes
+    if unknown := sorted(set(found.classes) - set(classes)):
+        raise UserError(f"{folder} has class folders that train/ lacks: {', '.join(unknown[:5])} (name them alike)")
+    samples = [(p, classes.index(found.classes[t])) for p, t in samples]
     name = f".decoded-{folder.name}-{folder_fingerprint(samples)}.npz"
     cache_dir = next((d for d in cache_dirs if os.access(d, os.W_OK)), cache_dirs[-1])
     if cache_dir != cache_dirs[0]:
@@ -152,7 +157,9 @@ def decode_folder(folder: Path, cache_dirs: tuple[Path, ...], workers: int, writ
         print0(f"decoded {len(paths)} images of {folder} into {path}")
     barrier()  # the other ranks wait for the file
     with np.load(path) as z:
-        return CIFARArrays(z["data"], z["targets"].tolist())
+        out = CIFARArrays(z["data"], z["targets"].tolist())
+    out.classes = classes
+    return out
 
 
 def load_splits(args, transform_train, transform_eval, cache_dir: Path, writer: bool):
@@ -171,8 +178,9 @@ def load_splits(args, transform_train, transform_eval, cache_dir: Path, writer: 
         test_dir = next((root / s for s in ("test", "val") if (root / s).is_dir()), None)
         if test_dir is None and args.val_split <= 0:
             raise UserError(f"{root} has train/ but no test/ or val/ (pass --val-split 5000 to hold out part of train)")
-        decode = lambda d: decode_folder(d, (root, cache_dir), args.workers, writer)  # noqa: E731
-        train, test = decode(root / "train"), decode(test_dir) if test_dir else None
+        decode = lambda d, classes=None: decode_folder(d, (root, cache_dir), args.workers, writer, classes)  # noqa: E731
+        train = decode(root / "train")
+        test = decode(test_dir, train.classes) if test_dir else None
         eval_name = test_dir.name if test_dir else "val"
         for folder, ds, exact in ((root / "train", train, True), (test_dir, test, False)):
             n = len(set(ds.targets)) if ds is not None else 10
