@@ -15,7 +15,6 @@
 #                preset's script with --compile and with CUDA graphs, and its bare step
 #   scaling      transformer base weak scaling on Multi30k x 8, --compile: 1, 2, ... GPUs side by side
 #   bleu         Multi30k de->en and en->de (small preset, --compile, 1 GPU)
-#   restart      elastic restart after SIGKILL, and the checkpoint's size and save time (bench/kill_restart.py)
 #   nccl         all_reduce bus bandwidth (scripts.doctor)
 #
 # --gpus N (default: every visible GPU) runs the multi-GPU parts on 1, 2, 4, ... up to N GPUs. Data: the CIFAR-10
@@ -25,13 +24,13 @@
 set -euo pipefail
 
 usage() {
-  sed -n '2,24s/^# \{0,1\}//p' "$0" >&2
+  sed -n '2,23s/^# \{0,1\}//p' "$0" >&2
   exit 2
 }
 [ $# -ge 1 ] || usage
 workload=$1
 shift
-case $workload in rn50 | jpeg | jpeg-scaling | cifar | cifar-paper | transformer | scaling | bleu | restart | nccl) ;; *) usage ;; esac
+case $workload in rn50 | jpeg | jpeg-scaling | cifar | cifar-paper | transformer | scaling | bleu | nccl) ;; *) usage ;; esac
 gpus=$({ nvidia-smi -L 2>/dev/null || true; } | wc -l)
 out=runs/reproduce
 while [ $# -gt 0 ]; do
@@ -185,9 +184,6 @@ bleu)
     --eval-every 5 -p 100 --samples 0 --compile)
   python3 "${B[@]}" --lang-src de --lang-tgt en --epochs 60 --output-dir /tmp/deen && keep /tmp/deen tr_small_deen_bleu_1x
   python3 "${B[@]}" --lang-src en --lang-tgt de --epochs 40 --output-dir /tmp/ende && keep /tmp/ende tr_small_ende_bleu_1x
-  ;;
-restart)
-  python3 bench/kill_restart.py --nproc "$gpus" --out /tmp/kill_restart
   ;;
 nccl)
   for n in "${counts[@]}"; do

@@ -1,9 +1,5 @@
-"""CIFAR-10 data for train.py: the three sources, the decode cache, and the augmentations of both data paths.
-
-Every source ends up as ``CIFARArrays``: uint8 NHWC images in memory and int labels. The DataLoader path turns one
-image at a time into PIL and runs torchvision transforms; ``--gpu-data`` moves the whole array to the device and
-augments a batch at a time there (``gpu_crop_flip``, ``gpu_random_erasing``), from a generator seeded per batch.
-"""
+"""CIFAR-10 for train.py: three sources (synthetic, torchvision's files, an ImageFolder decoded once into a cache),
+each as uint8 arrays; augmented one PIL image at a time, or with ``--gpu-data`` a batch at a time on the device."""
 
 from __future__ import annotations
 
@@ -23,22 +19,6 @@ MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 ERASE_SCALE, ERASE_RATIO, ERASE_TRIES = (0.02, 0.33), (0.3, 3.3), 10  # torchvision RandomErasing's defaults
 
 
-class SyntheticCIFAR(torch.utils.data.Dataset):
-    """Sample i is a fixed function of (seed, i): deterministic, no disk. Without a transform: uint8 CHW."""
-
-    def __init__(self, n: int, seed: int, transform=None):
-        self.n, self.seed, self.transform = n, seed, transform
-        self.targets = [i % 10 for i in range(n)]
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        g = torch.Generator().manual_seed(mix_seed(self.seed, i))
-        img = torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8, generator=g)
-        return (self.transform(img) if self.transform else img), self.targets[i]
-
-
 class CIFARArrays(torch.utils.data.Dataset):
     """Decoded images (uint8 NHWC) and labels. With a transform: PIL image -> transform; without: uint8 CHW."""
 
@@ -56,9 +36,8 @@ class CIFARArrays(torch.utils.data.Dataset):
         return self.transform(Image.fromarray(self.data[i])), self.targets[i]
 
 
-# What torchvision's CIFAR-10 batches hold (dicts of lists, bytes, str and numpy arrays), under the names that
-# Python 2 and 3 pickles and numpy 1 and 2 give them. Nothing else is imported: a pickle that names anything else
-# (os.system, a class with __reduce__) is refused before it can run.
+# all that CIFAR-10 batches hold, under Python 2/3 and numpy 1/2 names: a pickle naming anything else (os.system) is
+# refused before it can run
 SAFE_GLOBALS = {
     ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
     *((f"numpy.{core}.multiarray", "_reconstruct") for core in ("core", "_core")),
@@ -93,17 +72,21 @@ def load_batch(path: Path) -> dict:
     return entry
 
 
-def read_pickles(folder: Path, train: bool, transform=None) -> CIFARArrays:
-    """torchvision's CIFAR-10 files (cifar-10-batches-py/), read without MD5 checks so copies work."""
+def synthetic(n: int, seed: int, transform) -> CIFARArrays:
+    """Image i is a fixed function of (seed, i): deterministic, no disk."""
+    gens = (torch.Generator().manual_seed(mix_seed(seed, i)) for i in range(n))
+    images = [torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8, generator=g).permute(1, 2, 0) for g in gens]
+    return CIFARArrays(torch.stack(images).numpy(), [i % 10 for i in range(n)], transform)
+
+
+def read_pickles(folder: Path, train: bool) -> CIFARArrays:
+    """torchvision's CIFAR-10 files (cifar-10-batches-py/), without MD5 checks so that copies work."""
     data, targets = [], []
     for name in [f"data_batch_{i}" for i in range(1, 6)] if train else ["test_batch"]:
         entry = load_batch(folder / name)
         data.append(entry["data"])
         targets += entry["labels"]
-    return CIFARArrays(np.concatenate(data).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).copy(), targets, transform)
-
-
-# ------------------------------------------------------------------ decode cache of an ImageFolder
+    return CIFARArrays(np.concatenate(data).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).copy(), targets)
 
 
 def _decode(paths: list[str]) -> np.ndarray:
@@ -123,7 +106,7 @@ def _decode(paths: list[str]) -> np.ndarray:
 
 
 def folder_fingerprint(samples: list[tuple[str, int]]) -> str:
-    """Hash of the sorted (path, label, size, mtime) list: any added, removed or rewritten file changes it."""
+    """Hash of the (path, label, size, mtime) list: any added, removed or rewritten file changes it."""
     h = hashlib.sha256()
     for path, label in sorted(samples):
         st = os.stat(path)
@@ -131,21 +114,22 @@ def folder_fingerprint(samples: list[tuple[str, int]]) -> str:
     return h.hexdigest()[:16]
 
 
-def decode_folder(folder: Path, cache_dirs: tuple[Path, ...], workers: int, writer: bool) -> CIFARArrays:
-    """An ImageFolder decoded once into ``<cache dir>/.decoded-<split>-<hash>.npz`` and read from there after.
-
-    The first cache dir that is writable holds it (the data dir, else the output dir). ``writer`` (one rank per
-    host) decodes with ``workers`` processes from a fork server and writes atomically; every rank then reads.
-    Call it on every rank (it has a barrier), before the first DataLoader.
-    """
+def decode_folder(folder: Path, cache_dirs: tuple[Path, ...], workers: int, writer: bool, classes=None) -> CIFARArrays:
+    """An ImageFolder decoded once into ``.decoded-<split>-<hash>.npz`` in the first writable cache dir: ``writer``
+    (one rank per host) decodes with ``workers`` processes and writes it atomically. Call on every rank (a barrier).
+    ``classes``: the training set's class names, which label this folder by name, so a class it lacks shifts none."""
     from torchvision.datasets import ImageFolder
 
     from common.data import worker_context
 
     try:
-        samples = ImageFolder(str(folder)).samples
+        found = ImageFolder(str(folder))
     except (FileNotFoundError, OSError) as e:
         raise UserError(f"bad ImageFolder {folder}: {e}") from None
+    samples, classes = found.samples, classes or found.classes
+    if unknown := sorted(set(found.classes) - set(classes)):
+        raise UserError(f"{folder} has class folders that train/ lacks: {', '.join(unknown[:5])} (name them alike)")
+    samples = [(p, classes.index(found.classes[t])) for p, t in samples]
     name = f".decoded-{folder.name}-{folder_fingerprint(samples)}.npz"
     cache_dir = next((d for d in cache_dirs if os.access(d, os.W_OK)), cache_dirs[-1])
     if cache_dir != cache_dirs[0]:
@@ -173,20 +157,15 @@ def decode_folder(folder: Path, cache_dirs: tuple[Path, ...], workers: int, writ
         print0(f"decoded {len(paths)} images of {folder} into {path}")
     barrier()  # the other ranks wait for the file
     with np.load(path) as z:
-        return CIFARArrays(z["data"], z["targets"].tolist())
-
-
-# ------------------------------------------------------------------ sources and splits
+        out = CIFARArrays(z["data"], z["targets"].tolist())
+    out.classes = classes
+    return out
 
 
 def load_splits(args, transform_train, transform_eval, cache_dir: Path, writer: bool):
     """(train, eval, eval_name) datasets for the chosen source, with their transforms."""
     if args.synthetic:
-        return (
-            SyntheticCIFAR(5000, args.seed, transform_train),
-            SyntheticCIFAR(1000, args.seed + 1, transform_eval),
-            "val",
-        )
+        return synthetic(5000, args.seed, transform_train), synthetic(1000, args.seed + 1, transform_eval), "val"
     root = Path(args.data_dir)
     if args.download or (root / "cifar-10-batches-py").is_dir():
         if args.download:
@@ -199,8 +178,9 @@ def load_splits(args, transform_train, transform_eval, cache_dir: Path, writer: 
         test_dir = next((root / s for s in ("test", "val") if (root / s).is_dir()), None)
         if test_dir is None and args.val_split <= 0:
             raise UserError(f"{root} has train/ but no test/ or val/ (pass --val-split 5000 to hold out part of train)")
-        decode = lambda d: decode_folder(d, (root, cache_dir), args.workers, writer)  # noqa: E731
-        train, test = decode(root / "train"), decode(test_dir) if test_dir else None
+        decode = lambda d, classes=None: decode_folder(d, (root, cache_dir), args.workers, writer, classes)  # noqa: E731
+        train = decode(root / "train")
+        test = decode(test_dir, train.classes) if test_dir else None
         eval_name = test_dir.name if test_dir else "val"
         for folder, ds, exact in ((root / "train", train, True), (test_dir, test, False)):
             n = len(set(ds.targets)) if ds is not None else 10
@@ -227,23 +207,13 @@ def load_splits(args, transform_train, transform_eval, cache_dir: Path, writer: 
     return train, test, eval_name
 
 
-def to_uint8_tensors(ds) -> tuple[torch.Tensor, torch.Tensor]:
-    """A whole (small) dataset as uint8 NHWC images and int64 labels."""
-    if isinstance(ds, CIFARArrays):
-        return torch.from_numpy(ds.data), torch.as_tensor(ds.targets)
-    xs, ys = zip(*torch.utils.data.DataLoader(ds, batch_size=500, num_workers=0))
-    return torch.cat(xs).permute(0, 2, 3, 1).contiguous(), torch.cat(ys)
-
-
-def eval_transform(args):
-    """The DataLoader path's evaluation transform: float, normalized (synthetic images are tensors already)."""
+def eval_transform():
     import torchvision.transforms as T
 
-    return T.Compose([T.ToTensor() if not args.synthetic else T.ConvertImageDtype(torch.float), T.Normalize(MEAN, STD)])
+    return T.Compose([T.ToTensor(), T.Normalize(MEAN, STD)])
 
 
 def train_transform(args, tf_eval):
-    """The DataLoader path's augmentation: the same as the GPU path's, one PIL image at a time."""
     import torchvision.transforms as T
 
     tfs = [T.RandomCrop(32, padding=4, padding_mode="reflect"), T.RandomHorizontalFlip(), tf_eval]
@@ -252,23 +222,25 @@ def train_transform(args, tf_eval):
     return T.Compose(tfs)
 
 
-# ------------------------------------------------------------------ GPU path: a batch at a time, on the device
-
-
 class DeviceData:
-    """--gpu-data: the whole uint8 dataset on the device (padded once for the random crop), augmented there a batch
-    at a time with a generator seeded per batch, so that a resume mid-epoch is exact."""
+    """--gpu-data: the uint8 dataset on the device (padded once for the crop), augmented a batch at a time with a
+    generator seeded per batch, so that a resume mid-epoch is exact."""
 
     def __init__(self, train_ds, eval_ds, device: torch.device):
         import torch.nn.functional as F
 
-        train_x, self.train_y = (t.to(device) for t in to_uint8_tensors(train_ds))
-        self.eval_x, self.eval_y = (t.to(device) for t in to_uint8_tensors(eval_ds))
+        train_x, self.train_y = (
+            torch.from_numpy(train_ds.data).to(device),
+            torch.tensor(train_ds.targets, device=device),
+        )
+        self.eval_x, self.eval_y = (
+            torch.from_numpy(eval_ds.data).to(device),
+            torch.tensor(eval_ds.targets, device=device),
+        )
         self.train_x = F.pad(train_x.permute(0, 3, 1, 2), (4, 4, 4, 4), mode="reflect").permute(0, 2, 3, 1).contiguous()
 
     def train_batches(self, indices: list[int], batch_size: int, erasing: float, seed: int, epoch: int, rank: int,
                       start: int):  # fmt: skip
-        """Normalized, augmented (x, y) batches of ``indices``; ``start``: the index of the first batch in its epoch."""
         gen = torch.Generator(self.train_x.device)
         idx = torch.tensor(indices, device=self.train_x.device, dtype=torch.long)
         # no indices: resumed at the epoch's last step, where split() would still give one empty batch
@@ -286,7 +258,7 @@ _MEAN_STD: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def normalize(x_uint8_nhwc: torch.Tensor) -> torch.Tensor:
-    """uint8 NHWC -> normalized float NCHW (a channels_last view, no copy of layout)."""
+    """uint8 NHWC -> normalized float NCHW (a channels_last view)."""
     dev = x_uint8_nhwc.device
     if dev not in _MEAN_STD:  # made once per device: a host->device copy inside the loop would sync every step
         _MEAN_STD[dev] = torch.tensor(MEAN, device=dev) * 255, torch.tensor(STD, device=dev) * 255
@@ -306,11 +278,8 @@ def gpu_crop_flip(x_padded: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 
 
 def gpu_random_erasing(x: torch.Tensor, p: float, gen: torch.Generator) -> torch.Tensor:
-    """torchvision's RandomErasing(p, value=0) on each image of a normalized (N, C, H, W) batch, without a loop.
-
-    As torchvision does: with probability p, up to 10 tries of an area fraction in ERASE_SCALE and a log-uniform
-    aspect ratio in ERASE_RATIO; the first try that fits is erased (set to 0, the mean colour); none fits: no erase.
-    """
+    """torchvision's RandomErasing(p, value=0) on each image of a normalized batch, without a loop: up to 10 tries
+    of an area and aspect ratio, the first that fits is erased."""
     n, _, h, w = x.shape
     dev = x.device
     u = torch.rand(5, n, ERASE_TRIES, device=dev, generator=gen)

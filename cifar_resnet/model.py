@@ -1,11 +1,5 @@
-"""The CIFAR ResNets of He et al. 2016 (Deep Residual Learning, section 4.2): ResNet-20/32/44/56/110.
-
-A 3x3 convolution to 16 channels, then three stages of n basic blocks (two 3x3 convolutions each) at 16, 32 and 64
-channels and 32, 16 and 8 px, global average pooling and one linear layer: 6n + 2 layers. The shortcuts are the
-paper's option A, parameter-free: the identity, subsampled and zero-padded with channels where a stage begins.
-ResNet-20 has 0.27M parameters and 41M multiply-adds per 32-px image, ResNet-56 0.85M and 125M, against ResNet-18's
-11.2M and 555M with the CIFAR stem.
-"""
+"""The CIFAR ResNets of He et al. 2016 (section 4.2), ResNet-20/32/44/56/110: three stages of n basic blocks at 16,
+32 and 64 channels, 6n + 2 layers, with the paper's parameter-free shortcuts (option A)."""
 
 from __future__ import annotations
 

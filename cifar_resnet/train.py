@@ -50,7 +50,7 @@ from common.distributed import (
     setup_distributed,
 )
 from common.errors import UserError, run_cli
-from common.metrics import Clock, LossWindow, MetricsLogger, Progress, prepare_output_dir
+from common.metrics import LossWindow, MetricsLogger, Progress, prepare_output_dir
 from common.utils import EMA, StopSignal, amp_dtype, autocast, describe, evaluate_classifier, lr_lambda, param_groups
 from common.watchdog import CHECKPOINT, Watchdog
 
@@ -102,13 +102,30 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Every flag's value, before any process group, data or model (common/checks.py has the shared rules)."""
     check_shared(args)
     need(args.arch in ARCHS, "--arch", repr(args.arch), "is unknown", f"choose from {', '.join(ARCHS)}")
     need(args.val_split >= 0, "--val-split", args.val_split, "must be 0 or more", "0: evaluate on test/")
     need(0 <= args.random_erasing <= 1, "--random-erasing", args.random_erasing, "must be in [0, 1]", "0: off")
     need(0 <= args.ema < 1, "--ema", args.ema, "must be in [0, 1)", "a decay such as 0.999; 0: off")
     need(not (args.download and args.synthetic), "--download", "with --synthetic", "makes no sense", "drop one")
+
+
+class Clock:
+    """Wall time by phase (start, data, compile, eval, checkpoint; train is the rest), plus what earlier processes
+    of the run spent up to their last checkpoint (``carried``, from last.pt)."""
+
+    def __init__(self, t_process: float, t_start: float, t_data: float):
+        self.parts = {"start": t_start - t_process, "data": t_data - t_start, "eval": 0.0, "checkpoint": 0.0}
+        self.t_process, self.t_data, self.carried = t_process, t_data, {}
+
+    def total(self) -> dict[str, float]:
+        now = {**self.parts, "wall": time.time() - self.t_process}
+        return {k: now.get(k, 0.0) + self.carried.get(k, 0.0) for k in {*now, *self.carried}}
+
+    def record(self) -> dict[str, float]:
+        total = self.total()
+        total["train"] = 2 * total["wall"] - sum(v for k, v in total.items() if k != "train")
+        return {k: total.get(k, 0.0) for k in ("start", "data", "compile", "train", "eval", "checkpoint", "wall")}
 
 
 def build_model(arch: str) -> nn.Module:
@@ -123,12 +140,9 @@ def build_model(arch: str) -> nn.Module:
     return model
 
 
-# ------------------------------------------------------------------ data
-
-
 def build_data(args, info, out: Path) -> SimpleNamespace:
     """Datasets, the train sampler and loaders, or with --gpu-data the whole uint8 dataset on the device."""
-    tf_eval = eval_transform(args)
+    tf_eval = eval_transform()
     if args.download and info.is_main:  # rank 0 downloads, the others wait, then all read
         load_splits(args, None, None, out, writer=False)
     barrier()
@@ -182,9 +196,6 @@ def eval_batches(args, d: SimpleNamespace, device: torch.device, rank: int, worl
         yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
 
-# ------------------------------------------------------------------ the loop
-
-
 def evaluate(r: SimpleNamespace, watched: bool = True) -> dict[str, float]:
     """Exact metrics of the EMA weights if any (the raw model's as raw_*), else of the model."""
     t, m = time.time(), {}
@@ -198,8 +209,7 @@ def evaluate(r: SimpleNamespace, watched: bool = True) -> dict[str, float]:
 
 
 def save_state(name: str, r: SimpleNamespace, pos: Position, keep_last: int = 0) -> float:
-    """Checkpoint ``name`` (rank 0 writes, on a thread); returns the seconds it took, which the throughput leaves
-    out. Every rank calls it: the loss window gathers every rank's sum."""
+    """Checkpoint ``name`` (rank 0 writes, on a thread; every rank calls it); returns the seconds it took."""
     t = time.time()
     r.watchdog.beat(CHECKPOINT)
     window = r.loss_window.state(pos.step)  # stops on a NaN or infinite loss since the last log point
@@ -254,9 +264,6 @@ def train_one_epoch(r: SimpleNamespace, pos: Position, max_steps: int) -> None:
             return
 
 
-# ------------------------------------------------------------------ main
-
-
 def main(args: argparse.Namespace) -> None:
     # [DDP 1] init the process group (torchrun, Slurm, MPI, --dist-url or none) and pick this rank's device.
     info = setup_distributed(args)
@@ -285,8 +292,7 @@ def main(args: argparse.Namespace) -> None:
         r.ddp = nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True
         )
-    # A ResNet-18 step on 32x32 images is short enough that launching its kernels, not running them, sets the pace:
-    # --compile-mode reduce-overhead replays the whole forward and backward as CUDA graphs.
+    # a 32-px step is short enough that launching kernels sets the pace: reduce-overhead replays them as CUDA graphs
     r.train_model = torch.compile(r.ddp, mode=args.compile_mode) if args.compile else r.ddp
     r.ema = EMA(model, args.ema) if args.ema else None  # evaluated, saved and restored with the model
 

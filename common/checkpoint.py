@@ -1,8 +1,5 @@
-"""Checkpoints: atomic save on rank 0, safe load, ``--resume auto|PATH|none``.
-
-A checkpoint is a plain dict of tensors and Python primitives, so it loads with
-``torch.load(weights_only=True)``: an untrusted file can never run code.
-"""
+"""Checkpoints: atomic save on rank 0, safe load, ``--resume auto|PATH|none``. A checkpoint is a plain dict of
+tensors and Python primitives, so it loads with ``weights_only=True``: an untrusted file can never run code."""
 
 from __future__ import annotations
 
@@ -24,38 +21,23 @@ import torch
 from common.distributed import print0
 from common.errors import UserError
 
-_PREFIXES = ("module.", "_orig_mod.")
-
 
 def strip_prefixes(state_dict: dict[str, Any]) -> dict[str, Any]:
-    """Remove DDP's ``module.`` and torch.compile's ``_orig_mod.`` in any order/nesting."""
-    out = {}
-    for k, v in state_dict.items():
-        changed = True
-        while changed:
-            changed = False
-            for p in _PREFIXES:
-                if k.startswith(p):
-                    k, changed = k[len(p) :], True
-        out[k] = v
-    return out
+    """Remove DDP's ``module.`` and torch.compile's ``_orig_mod.`` in any order and nesting."""
+    return {re.sub(r"^(module\.|_orig_mod\.)+", "", k): v for k, v in state_dict.items()}
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The bare model under DDP (``.module``) and torch.compile (``._orig_mod``)."""
-    while True:
-        if hasattr(model, "module"):
-            model = model.module
-        elif hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        else:
-            return model
+    while hasattr(model, "module") or hasattr(model, "_orig_mod"):
+        model = model.module if hasattr(model, "module") else model._orig_mod
+    return model
 
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike) -> Iterator[IO[bytes]]:
-    """A binary file that appears at ``path`` whole or not at all: a temp file in the same directory, fsync,
-    rename over ``path``, fsync of the directory. A crash at any moment leaves the old file or the new one."""
+    """A binary file that appears at ``path`` whole or not at all (temp file, fsync, rename, fsync of the directory):
+    a crash at any moment leaves the old file or the new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -66,8 +48,7 @@ def atomic_write(path: str | os.PathLike) -> Iterator[IO[bytes]]:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        Path(tmp).unlink(missing_ok=True)
         raise
     dir_fd = os.open(path.parent, os.O_RDONLY)  # make the rename itself durable
     try:
@@ -77,12 +58,8 @@ def atomic_write(path: str | os.PathLike) -> Iterator[IO[bytes]]:
 
 
 def save_checkpoint(state: dict[str, Any], path: str | os.PathLike, keep_last: int = 0) -> None:
-    """Write ``state`` to ``path`` atomically: temp file, fsync, rename.
-
-    A crash at any moment leaves either the old file or the new one, never a
-    torn one. Call on global rank 0 only. With ``keep_last > 0`` a copy named
-    ``step_<N>.pt`` is also kept and only the newest ``keep_last`` survive.
-    """
+    """Write ``state`` to ``path`` atomically (rank 0 only); with ``keep_last > 0`` also keep the newest
+    ``keep_last`` copies as ``step_<N>.pt``."""
     path = Path(path)
     with atomic_write(path) as f:
         torch.save(state, f)
@@ -91,13 +68,11 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike, keep_last: i
         os.link(path, f"{step_path}.tmp")
         os.replace(f"{step_path}.tmp", step_path)
     if keep_last > 0:
-        olds = sorted(path.parent.glob("step_*.pt"))
-        for old in olds[:-keep_last]:
+        for old in sorted(path.parent.glob("step_*.pt"))[:-keep_last]:
             old.unlink(missing_ok=True)
 
 
 def _to_host(obj: Any) -> Any:
-    """A copy of a state dict with every tensor copied into host memory."""
     if isinstance(obj, torch.Tensor):
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, dict):
@@ -107,27 +82,17 @@ def _to_host(obj: Any) -> Any:
     return obj
 
 
-def remove_temporaries(output_dir: str | os.PathLike) -> None:
-    """Delete what writes killed midway left behind (``.last.pt.*.tmp``, ``step_*.pt.tmp``, ...): only the one
-    process that writes into ``output_dir`` may call this, before it writes."""
-    for tmp in [*Path(output_dir).glob(".*.tmp"), *Path(output_dir).glob("step_*.pt.tmp")]:
-        tmp.unlink(missing_ok=True)
-
-
 class CheckpointWriter:
-    """save_checkpoint on a background thread, so that training goes on while the file is written and fsynced.
-
-    ``save`` copies the state into host memory first (the only part the caller waits for: training changes the
-    device tensors in place right after), then waits for the previous write. One write at a time. Call ``wait``
-    before the process reports its end; an error of the write is raised by the next ``save`` or ``wait``.
-    The writing rank passes ``output_dir``: temporaries that killed writes left there are removed first.
-    """
+    """save_checkpoint on a background thread, one write at a time: ``save`` waits only for the copy to host memory
+    (training changes the device tensors right after). A failed write raises in the next ``save`` or ``wait``. The
+    writing rank passes ``output_dir``, whose temporaries left by killed writes are removed first."""
 
     def __init__(self, output_dir: str | os.PathLike | None = None) -> None:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         if output_dir is not None:
-            remove_temporaries(output_dir)
+            for tmp in [*Path(output_dir).glob(".*.tmp"), *Path(output_dir).glob("step_*.pt.tmp")]:
+                tmp.unlink(missing_ok=True)
 
     def save(self, state: dict[str, Any], path: str | os.PathLike, keep_last: int = 0) -> None:
         snapshot = _to_host(state)
@@ -158,25 +123,24 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     check_checkpoint_file(path)
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, IndexError,
+            KeyError) as e:  # fmt: skip
+        first = (str(e).strip() or type(e).__name__).splitlines()[0][:160]
         if "weights_only" in str(e) or "Unsupported global" in str(e):
             raise UserError(
                 f"refusing to load {path}: it contains pickled code or objects, not only tensors "
-                f"({first[:160]}); only load checkpoints you trust, and re-save them as plain tensors"
+                f"({first}); only load checkpoints you trust, and re-save them as plain tensors"
             ) from None
-        raise UserError(f"cannot read checkpoint {path}: corrupt or not a checkpoint ({first[:160]})") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, IndexError, KeyError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"cannot read checkpoint {path}: corrupt or truncated ({first[:160]})") from None
+        what = "not a checkpoint" if isinstance(e, pickle.UnpicklingError) else "truncated"
+        raise UserError(f"cannot read checkpoint {path}: corrupt or {what} ({first})") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt:
         raise UserError(f"{path} is not a checkpoint of this collection (no 'model' entry)")
     return ckpt
 
 
 def check_checkpoint_file(path: Path) -> None:
-    """A file torch.save wrote starts as a zip archive (or, in the legacy format, a pickle's PROTO opcode): anything
-    else (text, JSON, YAML, HTML, an empty file) is not a checkpoint, whatever the unpickler would make of it."""
+    """torch.save writes a zip archive (or, in the legacy format, a pickle's PROTO opcode): anything else (text,
+    JSON, an empty file) is not a checkpoint, whatever the unpickler would make of it."""
     try:
         with open(path, "rb") as f:
             head = f.read(4)
@@ -211,8 +175,7 @@ def resolve_resume(resume: str, output_dir: str | os.PathLike) -> Path | None:
 
 
 def checkpoint_state(model, optimizer, scheduler, scaler, pos: Position, args, world_size: int, ema=None, **extra):
-    """The one schema of last.pt and best.pt (DESIGN.md), for every script; ``restore_training`` reads it back.
-    ``extra``: a script's own entries, e.g. the tokenizer or the loss window."""
+    """The one schema of last.pt and best.pt (DESIGN.md); ``extra``: a script's own entries (tokenizer, loss window)."""
     state = dict(model=unwrap(model).state_dict(), optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
                  scaler=scaler.state_dict(), epoch=pos.epoch, step=pos.step, batch_in_epoch=pos.batch_in_epoch,
                  best_metric=pos.best_metric, eval_step=pos.eval_step, wandb_id=pos.wandb_id, args=vars(args),
@@ -223,9 +186,7 @@ def checkpoint_state(model, optimizer, scheduler, scaler, pos: Position, args, w
 
 
 @dataclass
-class Position:
-    """Where training stands: what a checkpoint must record to continue exactly."""
-
+class Position:  # where training stands: what a checkpoint must record to continue exactly
     epoch: int = 0
     step: int = 0
     batch_in_epoch: int = 0  # micro-batches of this epoch already done (a multiple of --accum-steps)
@@ -234,9 +195,8 @@ class Position:
     eval_step: int = 0  # the step of the last evaluation whose results are recorded (or of the start)
 
     def eval_due(self, every: int, epochs: int, max_steps: int) -> bool:
-        """Is an evaluation due here? After every ``every``-th epoch and the last one, and at the last step; never
-        twice at one step (``eval_step``). A function of the position alone, so that a run stopped before or
-        during an evaluation does it on resume."""
+        """After every ``every``-th epoch, the last one and the last step; never twice at one step. A function of the
+        position alone, so that a run stopped before or during an evaluation does it on resume."""
         if every <= 0 or self.step == self.eval_step:
             return False
         end_of_epoch = self.batch_in_epoch == 0 and self.epoch > 0
@@ -254,17 +214,12 @@ def restore_training(
     accum_steps: int,
     batch_size: int | None = None,
     ema: Any = None,
-    extra: dict[str, Any] | None = None,
     ckpt: dict[str, Any] | None = None,
     resize: str = "convert",
 ) -> tuple[Position, dict[str, Any]]:
-    """Load a checkpoint (``checkpoint_state``'s keys; ``ckpt`` if already loaded) into model, optimizer,
-    scheduler, scaler, the EMA if any (and ``extra`` objects by key).
-
-    If the world size or per-process batch changed, ``resize="convert"`` continues the epoch after the same number
-    of samples; ``"next_epoch"`` (batches that are not a fixed number of samples) continues at the next epoch
-    boundary. Either way the data order from there on differs from an uninterrupted run.
-    """
+    """Load ``checkpoint_state``'s keys (``ckpt`` if already loaded) into the training objects and ``ema``. If the
+    world size or batch changed, ``resize="convert"`` continues the epoch after the same samples, ``"next_epoch"``
+    (batches of no fixed sample count) at the next epoch boundary."""
     ckpt = load_checkpoint(path) if ckpt is None else ckpt
     if model is not None:  # None: the caller loaded weights and optimizer state itself (sharded checkpoints)
         load_model_state(model, ckpt["model"], path)
@@ -273,9 +228,8 @@ def restore_training(
             optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
         scaler.load_state_dict(ckpt["scaler"])
-        for key, obj in (({"ema": ema} if ema is not None else {}) | (extra or {})).items():
-            if key in ckpt:
-                obj.load_state_dict(ckpt[key])
+        if ema is not None and "ema" in ckpt:
+            ema.load_state_dict(ckpt["ema"])
     except (KeyError, ValueError, RuntimeError) as e:
         raise UserError(f"checkpoint {path} has no usable optimizer state ({str(e)[:200]})") from None
     pos = Position(ckpt["epoch"], ckpt["step"], ckpt["batch_in_epoch"], ckpt["best_metric"], ckpt.get("wandb_id"),
@@ -306,9 +260,8 @@ def restore_training(
 
 
 def set_schedule_position(scheduler: Any, step: int, peak_lr: float) -> None:
-    """Put a LambdaLR at optimizer step ``step`` with this run's peak LR (no-op when already there).
-
-    Needed after a resume with another global batch (its saved base LR is stale) or a --start-epoch."""
+    """Put a LambdaLR at optimizer step ``step`` with this run's peak LR: after a resume with another global batch,
+    the saved base LR is stale."""
     if step == scheduler.last_epoch and all(b == peak_lr for b in scheduler.base_lrs):
         return
     scheduler.base_lrs = [peak_lr] * len(scheduler.base_lrs)

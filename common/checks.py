@@ -1,9 +1,5 @@
-"""The command line the scripts share: ``add_run_args`` defines the run flags, and the checks make each bad value
-one line, ``error: <flag> <what> (<hint>)``, before any process group, dataset or model exists.
-
-A script's ``check_args(args)`` calls ``check_shared(args)`` for the flags every script has, then its own rules
-written with ``need``. A rule applies to the flags a script has; the others are skipped.
-"""
+"""The run flags every script shares (``add_run_args``), and checks that make each bad value one line before any
+process group, dataset or model exists: ``check_shared`` for the shared flags, ``need`` for a script's own."""
 
 from __future__ import annotations
 
@@ -52,13 +48,6 @@ _RULES: list[tuple[str, str, Callable[[float], bool], str, str]] = [
 ]
 
 
-def check_rules(args: argparse.Namespace, rules=_RULES) -> None:
-    for attr, flag, ok, what, hint in rules:
-        value = getattr(args, attr, None)
-        if value is not None:
-            need(ok(value), flag, value, what, hint)
-
-
 def check_dist_url(url: str | None) -> None:
     """``--dist-url``: tcp://HOST:PORT, env:// or file:///PATH."""
     if url is None:
@@ -80,7 +69,7 @@ def check_host_port(host_port: str, where: str) -> None:
 
 
 def check_output_dir(args: argparse.Namespace) -> None:
-    """--output-dir is (or can become) a directory; --resume none does not overwrite a run without --overwrite."""
+    """--output-dir can be a directory; --resume none does not overwrite a run without --overwrite."""
     out = Path(args.output_dir)
     for p in (out, *out.parents):
         if p.exists():
@@ -99,7 +88,6 @@ def check_output_dir(args: argparse.Namespace) -> None:
 
 
 def add_run_args(parser: argparse.ArgumentParser, output_dir: str, print_freq: int = 50) -> None:
-    """The flags of a run's output, resume and logging, the same in every train.py."""
     g = parser.add_argument_group("run")
     g.add_argument("--output-dir", default=output_dir)
     g.add_argument("--resume", default="auto", help="auto (continue from output-dir/last.pt if present) | PATH | none")
@@ -113,8 +101,11 @@ def add_run_args(parser: argparse.ArgumentParser, output_dir: str, print_freq: i
 
 
 def check_shared(args: argparse.Namespace) -> None:
-    """The flags every train.py shares (DESIGN.md), plus --compile-mode and --wandb."""
-    check_rules(args)
+    """The flags every train.py shares (a rule for a flag a script lacks is skipped), --compile-mode and --wandb."""
+    for attr, flag, ok, what, hint in _RULES:
+        value = getattr(args, attr, None)
+        if value is not None:
+            need(ok(value), flag, value, what, hint)
     if getattr(args, "compile_mode", None) and not getattr(args, "compile", False):
         raise UserError("--compile-mode needs --compile")
     check_dist_url(getattr(args, "dist_url", None))

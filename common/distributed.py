@@ -1,11 +1,5 @@
-"""Distributed setup that works under every common launcher.
-
-One call, ``setup_distributed(args)``, works out how this process was started
-(torchrun / torch.distributed.launch / accelerate, Slurm, MPI, an explicit
-``--dist-url``, or plain ``python``), initialises the process group and returns
-a ``DistInfo``. ``cleanup_distributed()`` undoes it; train scripts call it in a
-``finally`` so error paths never leave a process group behind.
-"""
+"""``setup_distributed(args)``: detect the launcher (torchrun, accelerate, Slurm, MPI, ``--dist-url`` or plain
+``python``), init the process group, return a ``DistInfo``; ``cleanup_distributed()`` (in a ``finally``) undoes it."""
 
 from __future__ import annotations
 
@@ -31,6 +25,10 @@ import torch.distributed as dist
 from common.checks import check_dist_url, check_host_port
 from common.errors import UserError
 
+RDZV_HINT = (
+    "is the master (rank 0) running and reachable, and the port open? check MASTER_ADDR, firewalls, "
+    "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME; debug with NCCL_DEBUG=INFO TORCH_DISTRIBUTED_DEBUG=DETAIL"
+)
 STOP_SIGNALS = ("SIGTERM", "SIGUSR2")  # a rank stops on these at a step boundary; its DataLoader workers ignore them
 
 
@@ -49,9 +47,7 @@ class DistInfo:
 
 
 @dataclass(frozen=True)
-class LaunchEnv:
-    """What the launcher told us, before any process group exists."""
-
+class LaunchEnv:  # what the launcher told us, before any process group exists
     launcher: str
     rank: int
     local_rank: int
@@ -60,13 +56,12 @@ class LaunchEnv:
 
 
 def add_dist_args(parser: argparse.ArgumentParser) -> None:
-    """The distributed flags shared by every train.py."""
     g = parser.add_argument_group("distributed")
     g.add_argument("--dist-backend", default=None, help="nccl | gloo | ccl | xccl (default: nccl with CUDA, else gloo)")
     g.add_argument("--dist-url", default=None, help="init method, e.g. tcp://HOST:PORT (only without a launcher)")
     g.add_argument("--world-size", type=int, default=-1, help="number of processes (with --dist-url)")
     g.add_argument("--rank", type=int, default=-1, help="global rank of this process (with --dist-url)")
-    # torch.distributed.launch passes --local-rank (torch>=2.0) or --local_rank (older).
+    # torch.distributed.launch passes --local-rank (torch>=2.0) or --local_rank (older)
     g.add_argument("--local-rank", "--local_rank", dest="local_rank", type=int, default=None, help=argparse.SUPPRESS)
     g.add_argument(
         "--dist-timeout", type=float, default=600.0, help="seconds before a stuck rendezvous or collective fails"
@@ -75,22 +70,15 @@ def add_dist_args(parser: argparse.ArgumentParser) -> None:
         "--stall-timeout",
         type=float,
         default=1200.0,  # longer than a healthy first step with torch.compile; twice --dist-timeout's default
-        help="seconds without training progress (no batch, step, eval batch or checkpoint done) before a rank dumps "
-        "every thread's stack and exits with code 124 for the launcher to restart (0: off). The first step (worker "
-        "start-up, torch.compile: ~6 min for a whole model, NCCL init) gets at least 1200 s in any case. The "
-        "default is twice --dist-timeout's",
+        help="seconds without training progress before a rank dumps every thread's stack and exits with code 124 "
+        "for the launcher to restart (0: off); the first step gets at least 1200 s in any case",
     )
 
 
-def _int(env: Mapping[str, str], *names: str) -> int | None:
-    for name in names:
-        if env.get(name, "") != "":
-            return _env_int(env, name)
-    return None
-
-
-def _env_int(env: Mapping[str, str], name: str) -> int:
-    """A launcher's variable as an int, or one line naming it."""
+def _int(env: Mapping[str, str], name: str, optional: bool = False) -> int | None:
+    """A launcher's variable as an int (None if optional and unset), or one line naming it."""
+    if optional and env.get(name, "") == "":
+        return None
     try:
         return int(env[name])
     except ValueError:
@@ -127,61 +115,47 @@ def detect_launcher(
     rank: int = -1,
     local_rank: int | None = None,
 ) -> LaunchEnv:
-    """Work out rank, world size and rendezvous from the environment.
-
-    Order: torchrun-style variables (also inside Slurm/MPI, where they win),
-    Slurm tasks, MPI, an explicit --dist-url, else a single process.
-    """
+    """Rank, world size and rendezvous from the environment: torchrun-style variables (which win inside Slurm or
+    MPI too), Slurm tasks, MPI, an explicit --dist-url, else a single process."""
     env = os.environ if env is None else env
-    # 1. torchrun / torch.distributed.launch / accelerate all export RANK and WORLD_SIZE.
+    # 1. torchrun / torch.distributed.launch / accelerate all export RANK and WORLD_SIZE
     if "RANK" in env and "WORLD_SIZE" in env:
-        if "TORCHELASTIC_RUN_ID" in env and any(k.startswith("ACCELERATE_") for k in env):
-            name = "accelerate"
-        elif "TORCHELASTIC_RUN_ID" in env:
-            name = "torchrun"
-        else:
-            name = "env"
-        lr = _int(env, "LOCAL_RANK")
-        return LaunchEnv(
-            name,
-            _env_int(env, "RANK"),
-            lr if lr is not None else (local_rank or 0),
-            _env_int(env, "WORLD_SIZE"),
-            "env://",
-        )
+        name = "env"
+        if "TORCHELASTIC_RUN_ID" in env:
+            name = "accelerate" if any(k.startswith("ACCELERATE_") for k in env) else "torchrun"
+        lr = _int(env, "LOCAL_RANK", True)
+        lr = lr if lr is not None else (local_rank or 0)
+        return LaunchEnv(name, _int(env, "RANK"), lr, _int(env, "WORLD_SIZE"), "env://")
     master_port = env.get("MASTER_PORT")
-    # 2. Slurm: one task per process (srun --ntasks-per-node=GPUS python train.py).
-    # SLURM_STEP_NUM_TASKS only exists inside an srun step, so a plain `python` in an
-    # sbatch script (where SLURM_NTASKS may be > 1) is not mistaken for a rank.
-    slurm_n = _int(env, "SLURM_STEP_NUM_TASKS")
+    # 2. Slurm, one task per process. SLURM_STEP_NUM_TASKS exists only inside an srun step, so a plain `python` in
+    # an sbatch script (where SLURM_NTASKS may be > 1) is not mistaken for a rank.
+    slurm_n = _int(env, "SLURM_STEP_NUM_TASKS", True)
     if "SLURM_PROCID" in env and slurm_n is not None and slurm_n > 1:
         addr = env.get("MASTER_ADDR") or slurm_master_addr(env)
         port = master_port or str(15000 + int(env.get("SLURM_JOB_ID", "0")) % 20000)
         return LaunchEnv(
-            "slurm", _env_int(env, "SLURM_PROCID"), _int(env, "SLURM_LOCALID") or 0, slurm_n, f"tcp://{addr}:{port}"
+            "slurm", _int(env, "SLURM_PROCID"), _int(env, "SLURM_LOCALID", True) or 0, slurm_n, f"tcp://{addr}:{port}"
         )
-    # 3. MPI: MPICH / Intel MPI hydra (PMI_*), Open MPI (OMPI_COMM_WORLD_*), MVAPICH2 (MV2_*).
-    for name, r, s, lr in (
-        ("mpi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
-        ("mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
-        ("mpi", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK"),
+    # 3. MPI: MPICH / Intel MPI hydra (PMI_*), Open MPI (OMPI_COMM_WORLD_*), MVAPICH2 (MV2_*)
+    for r, s, lr in (
+        ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+        ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK"),
     ):
-        if r in env and s in env and _env_int(env, s) > 1:
-            addr = env.get("MASTER_ADDR", "127.0.0.1")
-            init = f"tcp://{addr}:{master_port or 29500}"
-            return LaunchEnv(name, _env_int(env, r), _int(env, lr) or 0, _env_int(env, s), init)
-    # 4. Explicit --dist-url/--world-size/--rank (the pytorch/examples style).
+        if r in env and s in env and _int(env, s) > 1:
+            init = f"tcp://{env.get('MASTER_ADDR', '127.0.0.1')}:{master_port or 29500}"
+            return LaunchEnv("mpi", _int(env, r), _int(env, lr, True) or 0, _int(env, s), init)
+    # 4. Explicit --dist-url/--world-size/--rank (the pytorch/examples style)
     if dist_url and world_size > 1:
         if rank < 0:
             raise UserError("--dist-url needs --rank (this process's global rank)")
         return LaunchEnv("dist-url", rank, local_rank or 0, world_size, dist_url)
-    # 5. Plain `python train.py`.
     return LaunchEnv("single", 0, local_rank or 0, 1, "")
 
 
 def check_launch(launch: LaunchEnv, env: Mapping[str, str]) -> None:
-    """Rank, world size, local rank and rendezvous address make sense, and the address resolves: checked before
-    any connection, so that a mistake is one line at once, not C++ frames after --dist-timeout."""
+    """Rank, world size and rendezvous address make sense and resolve: checked before any connection, so that a
+    mistake is one line at once, not C++ frames after --dist-timeout."""
     src = {"dist-url": "--rank/--world-size", "slurm": "SLURM_PROCID/SLURM_STEP_NUM_TASKS", "mpi": "the MPI rank"}
     src = src.get(launch.launcher, "RANK/WORLD_SIZE")
     hint = "set by the launcher; unset RANK and WORLD_SIZE to run one process"
@@ -235,11 +209,8 @@ def _pick_backend(requested: str | None, device: torch.device) -> str:
 
 
 def setup_distributed(args: argparse.Namespace, *, launch: LaunchEnv | None = None) -> DistInfo:
-    """Init the process group for however we were launched; return this rank's info.
-
-    Sets the CUDA device from the local rank *before* init so NCCL never puts
-    two ranks on GPU 0.
-    """
+    """Init the process group for however we were launched. The CUDA device is set before the init, so that NCCL
+    never puts two ranks on GPU 0."""
     launch = launch or detect_launcher(None, args.dist_url, args.world_size, args.rank, args.local_rank)
     check_launch(launch, os.environ)
     exit_with_launcher(launch)
@@ -257,7 +228,6 @@ def setup_distributed(args: argparse.Namespace, *, launch: LaunchEnv | None = No
     else:
         device = torch.device("cpu")
     if launch.world_size == 1 and launch.launcher in ("single", "env", "torchrun", "accelerate"):
-        # One process needs no process group; keeps `python train.py` free of ports.
         return DistInfo(0, launch.local_rank, 1, device, launch.launcher, None)
     backend = _pick_backend(args.dist_backend, device)
     timeout = datetime.timedelta(seconds=args.dist_timeout)
@@ -265,49 +235,34 @@ def setup_distributed(args: argparse.Namespace, *, launch: LaunchEnv | None = No
         _wait_for_master(launch.init_method, args.dist_timeout)
     try:
         store = _attempt_store(launch, timeout)
-        dist.init_process_group(
-            backend,
-            init_method=None if store else launch.init_method,
-            store=store,
-            rank=launch.rank,
-            world_size=launch.world_size,
-            timeout=timeout,
-        )
+        dist.init_process_group(backend, init_method=None if store else launch.init_method, store=store,
+                                rank=launch.rank, world_size=launch.world_size, timeout=timeout)  # fmt: skip
     except Exception as e:  # turn rendezvous failures into one actionable line
         msg = str(e)
-        where = (
-            launch.init_method
-            if launch.init_method != "env://"
-            else (f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}")
-        )
+        where = launch.init_method
+        if where == "env://":
+            where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
         if "EADDRINUSE" in msg or "address already in use" in msg.lower():
             raise UserError(
                 f"port already in use at {where} (a stale job, e.g. after Ctrl-C? kill it or choose "
                 "another MASTER_PORT / --dist-url port / --rdzv-endpoint)"
             ) from None
         if "timed out" in msg.lower() or "timeout" in msg.lower() or "connect" in msg.lower():
+            first = msg.splitlines()[0][:200]
             raise UserError(
-                f"rendezvous with {where} failed after {args.dist_timeout:.0f}s: {msg.splitlines()[0][:200]} "
-                "(is the master reachable and the port open? check MASTER_ADDR, firewalls, "
-                "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME; debug with NCCL_DEBUG=INFO TORCH_DISTRIBUTED_DEBUG=DETAIL)"
+                f"rendezvous with {where} failed after {args.dist_timeout:.0f}s: {first} ({RDZV_HINT})"
             ) from None
         if isinstance(e, (RuntimeError, ValueError)):  # torch's C++ errors carry frames after their first line
             first = (msg.strip() or type(e).__name__).splitlines()[0][:200]
-            raise UserError(
-                f"cannot start the process group at {where}: {first} (check the "
-                "launcher's settings; debug with TORCH_DISTRIBUTED_DEBUG=DETAIL)"
-            ) from None
+            hint = "check the launcher's settings; debug with TORCH_DISTRIBUTED_DEBUG=DETAIL"
+            raise UserError(f"cannot start the process group at {where}: {first} ({hint})") from None
         raise
     return DistInfo(launch.rank, launch.local_rank, launch.world_size, device, launch.launcher, backend)
 
 
 def _attempt_store(launch: LaunchEnv, timeout: datetime.timedelta) -> dist.Store | None:
-    """Under torchrun, a store whose keys are private to this restart attempt.
-
-    torchrun's agent keeps ONE store across ``--max-restarts`` attempts, so the keys the failed attempt wrote
-    (each rank's gloo/NCCL address) are still there: a restarted rank may read a dead peer's address and fail
-    with "Connection refused". A prefix per attempt (TORCHELASTIC_RESTART_COUNT) makes every restart clean.
-    """
+    """Under torchrun, a store whose keys are private to this restart attempt: the agent keeps one store across
+    ``--max-restarts``, and a restarted rank would otherwise read a dead peer's address ("Connection refused")."""
     env = os.environ
     if launch.init_method != "env://" or "TORCHELASTIC_RESTART_COUNT" not in env:
         return None
@@ -318,8 +273,7 @@ def _attempt_store(launch: LaunchEnv, timeout: datetime.timedelta) -> dist.Store
 
 
 def _wait_for_master(init_method: str, timeout_s: float) -> None:
-    """Probe tcp://HOST:PORT until it answers, so an unreachable master is one clear line
-    (torch would retry with multi-line C++ warnings and stack frames)."""
+    """Probe tcp://HOST:PORT until it answers: an unreachable master is one line, not torch's C++ warnings."""
     host, port = init_method[len("tcp://") :].rsplit(":", 1)
     deadline = time.monotonic() + timeout_s
     while True:
@@ -328,24 +282,17 @@ def _wait_for_master(init_method: str, timeout_s: float) -> None:
                 return
         except OSError as e:
             if time.monotonic() > deadline:
+                why = e.strerror or e
                 raise UserError(
-                    f"rendezvous with {init_method} failed after {timeout_s:.0f}s: {e.strerror or e} "
-                    "(is the master (rank 0) running and reachable, and the port open? check MASTER_ADDR, firewalls, "
-                    "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME; debug with NCCL_DEBUG=INFO TORCH_DISTRIBUTED_DEBUG=DETAIL)"
+                    f"rendezvous with {init_method} failed after {timeout_s:.0f}s: {why} ({RDZV_HINT})"
                 ) from None
             time.sleep(0.5)
 
 
-def exit_with_launcher(launch: LaunchEnv, poll: float = 0.5) -> None:
-    """Under an elastic agent (torchrun, torch.distributed.launch, accelerate) or mp.spawn, end this rank within a
-    second of its launcher's death, with one line.
-
-    torchrun starts each rank detached from it (setsid), and nothing else ties a rank to its agent: ranks whose agent
-    was SIGKILLed (by hand, by the OOM killer) would go on training and writing into the output directory, or wait
-    for the dead agent's store forever. A daemon thread compares os.getppid() with the parent seen at start. Other
-    launchers are left alone: slurmstepd ends a step's tasks itself, and the parent of a plain ``python`` (a shell,
-    nohup) may go without ending the job.
-    """
+def exit_with_launcher(launch: LaunchEnv) -> None:
+    """Under an elastic agent (torchrun, accelerate) or mp.spawn, end this rank within a second of its launcher's
+    death: torchrun detaches its ranks (setsid), so ranks of a SIGKILLed agent would otherwise go on writing or wait
+    forever. slurmstepd ends its tasks itself, and a plain ``python``'s parent may go without ending the job."""
     global _launcher
     if "TORCHELASTIC_RUN_ID" not in os.environ and launch.launcher != "mp.spawn":
         return
@@ -353,7 +300,7 @@ def exit_with_launcher(launch: LaunchEnv, poll: float = 0.5) -> None:
 
     def watch() -> None:
         while True:
-            time.sleep(poll)
+            time.sleep(0.5)
             _exit_if_launcher_gone()
 
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
@@ -364,8 +311,8 @@ _exiting = threading.Lock()
 
 
 def _exit_if_launcher_gone() -> None:
-    """The watch thread's check, also made by cleanup_distributed: a peer whose watch fired first makes this rank's
-    collective fail, and that error is the same event, told by one line rather than a traceback."""
+    """Also called by cleanup_distributed: a collective that failed because a peer's launcher died is this same
+    event, told by one line rather than a traceback."""
     if _launcher is None or os.getppid() == _launcher[1]:
         return
     with _exiting:  # one line, whichever thread comes first; the other waits here for os._exit
@@ -394,14 +341,10 @@ def cleanup_distributed() -> None:
     while _AT_CLEANUP:
         _AT_CLEANUP.pop()()
     if dist.is_available() and dist.is_initialized():
-        # Free unreachable objects first: a DDP model left in a reference cycle holds its process group, and if
-        # it is only freed during interpreter shutdown, Gloo's threads abort the process ("terminate called
-        # without an active exception", about 1 run in 15 on the CPU).
+        # a DDP model in a reference cycle holds its process group; freed at interpreter shutdown instead, Gloo's
+        # threads abort the process ("terminate called without an active exception")
         gc.collect()
         dist.destroy_process_group()
-
-
-# ---------------------------------------------------------------- small helpers
 
 
 def is_dist() -> bool:
@@ -414,42 +357,39 @@ def barrier() -> None:
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    """Sum a tensor over all ranks (in place) and return it."""
+    """Sum a tensor over all ranks, in place."""
     if is_dist():
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
 
 
 @torch.no_grad()
-def broadcast_buffers(module: torch.nn.Module, src: int = 0) -> None:
-    """Give every rank rank ``src``'s buffers (BatchNorm running stats). DDP broadcasts them only at the start
-    of a forward, so after the last training step each rank holds its own; call before evaluating or the
-    ranks evaluate slightly different models, none of them exactly the one in the checkpoint."""
+def broadcast_buffers(module: torch.nn.Module) -> None:
+    """Rank 0's buffers (BatchNorm statistics) on every rank: DDP broadcasts them only at a forward's start,
+    so call before evaluating, or each rank evaluates its own model, not the checkpoint's."""
     if is_dist():
         for b in module.buffers():
-            dist.broadcast(b, src=src)
+            dist.broadcast(b, src=0)
 
 
-def broadcast_object(obj: Any, src: int = 0) -> Any:
+def broadcast_object(obj: Any) -> Any:  # rank 0's object
     if not is_dist():
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src)
+    dist.broadcast_object_list(box, src=0)
     return box[0]
 
 
 def print0(*a: Any, **kw: Any) -> None:
-    """print() on global rank 0 only (works before and after init)."""
     if not is_dist() or dist.get_rank() == 0:
         print(*a, **kw, flush=True)
 
 
 def seed_everything(seed: int, rank: int = 0) -> None:
-    """Seed python, numpy and torch with a per-rank offset."""
     s = seed + rank
     random.seed(s)
     torch.manual_seed(s)
-    if "numpy" in sys.modules:  # only if the script uses numpy; never import it for this
+    if "numpy" in sys.modules:  # never import numpy just for this
         sys.modules["numpy"].random.seed(s % 2**32)
 
 

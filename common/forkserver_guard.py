@@ -6,7 +6,10 @@ collector on, in ``init_worker``), dies with the rank that started it, and its w
 import gc
 
 gc.disable()
-from .data import die_with_parent, leave_signals_to_the_rank  # noqa: E402
+import os  # noqa: E402
 
-die_with_parent()
-leave_signals_to_the_rank(block=True)
+from . import data  # noqa: E402
+
+data.fork_server_pid = os.getpid()
+data.die_with_parent()
+data.leave_signals_to_the_rank(block=True)

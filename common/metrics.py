@@ -1,11 +1,8 @@
-"""Run records: config.json, metrics.jsonl, progress lines and optional wandb.
-
-Everything here is a no-op on ranks other than 0, so scripts call it
-unconditionally and never print one line per rank.
-"""
+"""Run records: config.json, metrics.jsonl, progress lines and optional wandb; no-ops on ranks other than 0."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import socket
@@ -34,9 +31,8 @@ def _git_commit() -> str | None:
 
 
 def prepare_output_dir(output_dir: str | os.PathLike) -> Path:
-    """Create the output dir, check it is writable (a one-line error, not a late crash), and make this job its only
-    writer: global rank 0 holds a lock on ``<dir>/.lock`` (``_lock``); a second job stops on every rank with one
-    line naming the holder's host and pid. Call on every rank, after setup_distributed."""
+    """Create the output dir, check it is writable, and make this job its only writer (rank 0 holds ``.lock``; a
+    second job stops on every rank with one line). Call on every rank, after setup_distributed."""
     out = Path(output_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -58,9 +54,8 @@ _LOCKS: dict[Path, IO[str]] = {}
 
 
 def _lock(out: Path) -> str | None:
-    """Take an exclusive flock on ``out/.lock`` and write this host and pid into it; None once held, else the
-    holder's text. The kernel releases it when the process ends, however it ends (SIGKILL included), so a restarted
-    (torchrun --max-restarts) or requeued job takes it once the previous attempt's rank 0 is gone."""
+    """An exclusive flock on ``out/.lock``, holding this host and pid: None once held, else the holder's text. The
+    kernel releases it however the process ends, so a restarted or requeued job takes it over."""
     path = (out / ".lock").resolve()
     if path in _LOCKS:  # this process holds it (a second run in one process, as tests do)
         return None
@@ -86,7 +81,7 @@ def _lock(out: Path) -> str | None:
 
 
 def check_wandb() -> None:
-    """--wandb: the package is there, and a run can start (offline or disabled mode, or an API key)."""
+    """--wandb: the package is there, and a run can start (offline mode, or an API key)."""
     try:
         import wandb
     except ImportError:
@@ -105,28 +100,14 @@ class MetricsLogger:
         self.info, self.enabled = info, info.is_main
         self.path = Path(output_dir) / "metrics.jsonl"
         self.output_dir = Path(output_dir)
-        self.wandb = None
-        self.use_wandb = use_wandb and self.enabled
-        if use_wandb:
-            try:
-                import wandb  # noqa: F401  (checked on every rank so all fail alike)
-            except ImportError:
-                raise UserError("--wandb needs the wandb package (pip install wandb), or drop --wandb") from None
+        self.wandb, self.use_wandb = None, use_wandb and self.enabled  # the package was checked (check_wandb)
 
     def write_config(self, args: Any, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        cfg = dict(vars(args)) if not isinstance(args, dict) else dict(args)
-        cfg.update(
-            world_size=self.info.world_size,
-            launcher=self.info.launcher,
-            backend=self.info.backend,
-            device=str(self.info.device),
-            torch=torch.__version__,
-            cuda=torch.version.cuda,
-            gpu=torch.cuda.get_device_name(self.info.device) if self.info.device.type == "cuda" else None,
-            git_commit=_git_commit(),
-            argv=sys.argv,
-            **(extra or {}),
-        )
+        i = self.info
+        gpu = torch.cuda.get_device_name(i.device) if i.device.type == "cuda" else None
+        cfg = dict(vars(args), world_size=i.world_size, launcher=i.launcher, backend=i.backend, device=str(i.device),
+                   torch=torch.__version__, cuda=torch.version.cuda, gpu=gpu, git_commit=_git_commit(), argv=sys.argv,
+                   **(extra or {}))  # fmt: skip
         if self.enabled:
             (self.output_dir / "config.json").write_text(json.dumps(cfg, indent=2, default=str) + "\n")
         return cfg
@@ -156,9 +137,8 @@ class MetricsLogger:
             )
 
     def rewind(self, step: int, eval_step: int) -> None:
-        """On a resume from a checkpoint at ``step``: keep the records it accounts for (training up to ``step``,
-        evaluations up to ``eval_step``), so that the rerun logs each step once and evaluates nothing twice, and the
-        file reads as an uninterrupted run's (the time record is written again at the end)."""
+        """On a resume at ``step``: keep only the records the checkpoint accounts for (training up to ``step``,
+        evaluations up to ``eval_step``), so that the file reads as an uninterrupted run's."""
         if not self.enabled or not self.path.exists():
             return
         kept = []
@@ -180,9 +160,8 @@ class MetricsLogger:
 
 
 class LossWindow:
-    """The training loss this rank summed since the last log line, over how many units (micro-batches or tokens),
-    and since which step and time. ``state`` (every rank calls it) goes into last.pt with every rank's sum, so that
-    the first log line after a resume is the one an uninterrupted run logs."""
+    """This rank's training loss summed since the last log line, over ``n`` units (micro-batches or tokens). Its
+    ``state`` goes into last.pt, so that the first log line after a resume is an uninterrupted run's."""
 
     def __init__(self, info: DistInfo, step: int, state: dict[str, Any] | None = None):
         self.rank, self.world = info.rank, info.world_size
@@ -197,14 +176,13 @@ class LossWindow:
         self.n, self.step0, self.t0 = 0, step, time.time()
 
     def mean(self, step: int) -> float:
-        """The loss averaged over every rank's window, ``n`` units each (a log point's one host sync); a NaN or
-        infinite loss stops the run."""
+        """The mean over every rank (a log point's one host sync); a NaN or infinite loss stops the run."""
         loss = all_reduce_sum(self.sum.clone()).item() / (self.n * self.world)
         check_finite_loss(loss, step)
         return loss
 
     def state(self, step: int | None = None) -> dict[str, Any]:
-        """Every rank's sum, for last.pt; with ``step``, a NaN or infinite loss stops the run before a save."""
+        """Every rank's sum (every rank calls it); with ``step``, a NaN or infinite loss stops the run before a save."""
         sums = torch.zeros(self.world, device=self.sum.device)
         sums[self.rank] = self.sum  # the others' entries stay 0: the sum gathers each rank's value bit for bit
         sums = all_reduce_sum(sums)
@@ -213,30 +191,11 @@ class LossWindow:
         return {"sums": sums, "n": self.n, "step0": self.step0, "seconds": time.time() - self.t0}
 
 
-class Clock:
-    """Wall time by phase since the process started (start, data, compile, eval, checkpoint; train is the rest),
-    plus what the run's earlier processes spent up to their last checkpoint (``carried``, from last.pt)."""
-
-    def __init__(self, t_process: float, t_start: float, t_data: float):
-        self.parts = {"start": t_start - t_process, "data": t_data - t_start, "eval": 0.0, "checkpoint": 0.0}
-        self.t_process, self.t_data, self.carried = t_process, t_data, {}
-
-    def total(self) -> dict[str, float]:
-        now = {**self.parts, "wall": time.time() - self.t_process}
-        return {k: now.get(k, 0.0) + self.carried.get(k, 0.0) for k in {*now, *self.carried}}
-
-    def record(self) -> dict[str, float]:
-        total = self.total()
-        total["train"] = 2 * total["wall"] - sum(v for k, v in total.items() if k != "train")
-        return {k: total.get(k, 0.0) for k in ("start", "data", "compile", "train", "eval", "checkpoint", "wall")}
-
-
 class Progress:
-    """Rank-0 progress: tqdm on a terminal, plain periodic lines otherwise (CI, Slurm logs)."""
+    """Rank-0 progress: tqdm on a terminal, plain lines otherwise (CI, Slurm logs)."""
 
     def __init__(self, info: DistInfo, total: int, initial: int = 0):
-        self.enabled, self.total = info.is_main, total
-        self.bar = None
+        self.enabled, self.total, self.bar = info.is_main, total, None
         self.start, self.start_step = time.time(), initial
         if self.enabled and sys.stderr.isatty() and os.environ.get("CI") is None:
             try:
@@ -247,7 +206,6 @@ class Progress:
                 pass
 
     def update(self, step: int, text: str) -> None:
-        """Called every print-freq steps with a short status text."""
         if not self.enabled:
             return
         if self.bar is not None:
@@ -255,9 +213,10 @@ class Progress:
             self.bar.set_postfix_str(text, refresh=True)
             return
         done = step - self.start_step
-        elapsed = time.time() - self.start
-        eta = elapsed / done * (self.total - step) if done > 0 else float("nan")
-        print(f"step {step}/{self.total} {text} eta {_fmt(eta)}", flush=True)
+        eta = "?"
+        if done > 0:
+            eta = str(datetime.timedelta(seconds=int((time.time() - self.start) / done * (self.total - step))))
+        print(f"step {step}/{self.total} {text} eta {eta}", flush=True)
 
     def write(self, text: str) -> None:
         if not self.enabled:
@@ -270,11 +229,3 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-
-
-def _fmt(seconds: float) -> str:
-    if seconds != seconds:  # nan
-        return "?"
-    m, s = divmod(int(seconds), 60)
-    h, m = divmod(m, 60)
-    return f"{h:d}:{m:02d}:{s:02d}"

@@ -23,31 +23,26 @@ PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "stopped on a signal after saving; reru
 
 
 def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
-    """``--amp auto|bf16|fp16|none`` -> autocast dtype (None: full precision). auto = bf16 on GPU."""
+    """``--amp auto|bf16|fp16|none`` -> autocast dtype (None: full precision); auto is bf16 on GPU."""
     if amp == "auto":
         amp = "bf16" if device.type == "cuda" else "none"
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}[amp]
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
-    """The one precision context used around forward passes."""
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def warmup_cosine(step: int, warmup: int, total: int, final: float = 0.0) -> float:
-    """LR multiplier: linear warmup from 0, then cosine down to ``final``. Pure in ``step``."""
+def warmup_cosine(step: int, warmup: int, total: int) -> float:
+    """LR multiplier: linear warmup from 0, then cosine down to 0."""
     if step < warmup:
         return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return final + (1 - final) * 0.5 * (1 + math.cos(math.pi * progress))
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
 
 
 def lr_lambda(args: Any, steps_per_epoch: int) -> Callable[[int], float]:
-    """``--lr-schedule`` as an LR multiplier, a pure function of the optimizer step (a resume lands on the same
-    value): cosine after ``--warmup-epochs`` of linear warmup; onecycle, linear up to the peak at 25% and down to 0;
-    step, x ``--lr-gamma`` every ``--lr-step-size`` epochs after the warmup (pytorch/examples' main.py)."""
+    """``--lr-schedule`` as an LR multiplier, a pure function of the optimizer step: cosine after a linear warmup;
+    onecycle, linear up to the peak at 25% and down to 0; step, x ``--lr-gamma`` every ``--lr-step-size`` epochs."""
     warmup, total = round(args.warmup_epochs * steps_per_epoch), args.epochs * steps_per_epoch
     if args.lr_schedule == "cosine":
         return functools.partial(warmup_cosine, warmup=warmup, total=total)
@@ -59,7 +54,7 @@ def lr_lambda(args: Any, steps_per_epoch: int) -> Callable[[int], float]:
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float, skip_norm_bias: bool = True) -> list[dict[str, Any]]:
-    """Weight decay on weights only; none on norm layers and biases (1-d params) if asked."""
+    """Weight decay on weights only, none on norm layers and biases (1-d params) if asked."""
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
@@ -71,11 +66,8 @@ def param_groups(model: torch.nn.Module, weight_decay: float, skip_norm_bias: bo
 def evaluate_classifier(
     model: torch.nn.Module, batches: Iterable, device: torch.device, dtype: torch.dtype | None, tta: bool = False
 ) -> dict[str, float]:
-    """Exact metrics: every sample counted once over all ranks, sums all-reduced (loss, acc1, acc5, count).
-
-    ``batches`` yields this rank's ``(x, y)``. Use the bare model (not DDP): ranks may hold different numbers of
-    batches. No host syncs inside the loop.
-    """
+    """Exact metrics of this rank's ``(x, y)`` batches, sums all-reduced: every sample counted once. Pass the bare
+    model (not DDP): ranks may hold different numbers of batches."""
     model.eval()
     sums = torch.zeros(4, device=device, dtype=torch.float64)  # loss, correct1, correct5, count
     for x, y in batches:
@@ -92,11 +84,8 @@ def evaluate_classifier(
 
 
 class EMA:
-    """An exponential moving average of a model's weights and buffers, updated on the device without a host sync.
-
-    ``update(n)`` after the n-th optimizer step: ema += (1 - d) * (model - ema), d = min(decay, (1 + n) / (10 + n)),
-    so the first updates are not pulled towards the initial weights. Integer buffers are copied.
-    """
+    """A moving average of a model's weights and buffers, updated on the device without a host sync. ``update(n)``
+    after step n uses decay min(decay, (1 + n) / (10 + n)): the first updates are not pulled to the initial weights."""
 
     def __init__(self, model: torch.nn.Module, decay: float):
         self.module, self.decay = copy.deepcopy(model).requires_grad_(False), decay
@@ -118,10 +107,8 @@ class EMA:
 
 
 def check_finite_loss(loss: float | torch.Tensor, step: int) -> None:
-    """Stop the run when the loss is NaN or infinite: the weights are too, and no checkpoint may hold them.
-    Called where the loop syncs anyway (log points, before a save), never once per step."""
-    value = float(loss)
-    if not math.isfinite(value):
+    """A NaN or infinite loss stops the run before a checkpoint holds such weights (checked where the loop syncs)."""
+    if not math.isfinite(value := float(loss)):
         raise UserError(
             f"loss is {value} at step {step}: stopped before writing a checkpoint, the last one is intact (lower "
             "--lr, check the data, or resume from last.pt with other settings)"
@@ -129,7 +116,6 @@ def check_finite_loss(loss: float | torch.Tensor, step: int) -> None:
 
 
 def describe(m: dict[str, float]) -> str:
-    """One line for an evaluation result."""
     skipped = f", {m['skipped']} unreadable skipped" if m.get("skipped") else ""
     return f"loss {m['loss']:.4f} acc1 {m['acc1']:.2f} acc5 {m['acc5']:.2f} ({m['count']} images{skipped})"
 
@@ -139,22 +125,15 @@ def count_params(params: Iterable[torch.nn.Parameter]) -> int:
 
 
 class StopSignal:
-    """Turns SIGTERM and SIGUSR2 (Slurm's ``--signal``) into a stop at a step boundary.
+    """SIGTERM and SIGUSR2 (Slurm's ``--signal``) on any rank stop every rank at a step boundary: they agree by an
+    all-reduce on a gloo group, started at one step and read at the next, so it never blocks the GPU stream."""
 
-    Any rank (or the launcher, which forwards signals) may get the signal; all
-    ranks agree through a tiny all-reduce on a CPU (gloo) group, started at one
-    step and read at the next, so it never blocks the GPU stream.
-    """
-
-    def __init__(self, names: Iterable[str] = STOP_SIGNALS):
-        self.flag = torch.zeros(1, dtype=torch.int32)
-        self.work = None
-        self.group = None
-        self.received: str | None = None
-        for name in names:
+    def __init__(self):
+        self.flag, self.work, self.received = torch.zeros(1, dtype=torch.int32), None, None
+        for name in STOP_SIGNALS:
             signal.signal(getattr(signal, name), self._handler)
-        if is_dist():  # its own group: never interleaves with DDP's gradient all-reduces on the default group
-            self.group = dist.new_group(backend="gloo")
+        # its own group: never interleaves with DDP's gradient all-reduces on the default group
+        self.group = dist.new_group(backend="gloo") if is_dist() else None
 
     def _handler(self, signum: int, frame: Any) -> None:
         self.received = signal.Signals(signum).name
@@ -172,9 +151,8 @@ class StopSignal:
         return stop
 
     def exit_preempted(self, step: int, logger: Any) -> None:
-        """After the last checkpoint was saved: say how to continue, close the logs, exit 75. Also create the file
-        that ``$PREEMPTED_MARKER`` names, if set: scripts/slurm/requeue.sh requeues on it, as the exit code it
-        sees is torchrun's (1, when torchrun was signalled too), not the ranks' 75."""
+        """After the last checkpoint: say how to continue, exit 75. Also create ``$PREEMPTED_MARKER`` if set:
+        scripts/slurm/requeue.sh requeues on it, as the exit code it sees is torchrun's, not the ranks' 75."""
         if os.environ.get("PREEMPTED_MARKER"):
             open(os.environ["PREEMPTED_MARKER"], "a").close()
         print0(

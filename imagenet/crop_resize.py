@@ -1,17 +1,7 @@
-"""One Triton kernel that turns a batch of decoded images into the model's input: crop, antialiased bilinear resize,
-horizontal flip, normalization and memory layout, for every image of the batch in a single launch.
-
-Per image, torch would take two or three launches (a uint8-to-float copy of the crop, the resize, later a flip), each
-a few microseconds of GPU time too short to fill the GPU, and about 20 us of Python on the thread that launches it:
-for a batch of 256, ~770 small kernels and 10 ms of host time beside every training step. The arithmetic is
-torch's ``F.interpolate(mode="bilinear", antialias=True, align_corners=False)``, itself a port of Pillow's resize:
-output pixel i samples the input around ``center = scale * (i + 0.5)`` with a triangle filter widened by the scale
-when shrinking, and its weights are normalized to sum to 1. Float32 throughout, no rounding to uint8.
-
-The kernel reads the images end to end in one uint8 buffer, each (3, H, W) planar RGB; each image's row of ``meta``
-says where it is and what to make of it (see ``crop_resize``). On a CPU device ``crop_resize`` calls torch's resize
-per image instead. The tests run the kernel on CPU tensors too, in Triton's interpreter, one call at a time (it
-patches ``triton.language`` while it runs).
+"""One Triton kernel that turns a batch of decoded images into the model's input (crop, antialiased bilinear resize,
+flip, normalization, memory layout) in a single launch, where torch takes two or three small launches per image.
+The arithmetic is torch's ``F.interpolate(mode="bilinear", antialias=True)``; float32 throughout. On a CPU device
+``crop_resize`` calls torch's resize per image; the tests run the kernel in Triton's interpreter.
 """
 
 from __future__ import annotations
@@ -66,8 +56,7 @@ def _kernel(src, meta, out, size, stride_n, stride_c, stride_h, stride_w, scale0
     acc2 = tl.full((BLOCK,), 0.0, tl.float32)
     sum_y = tl.full((BLOCK,), 0.0, tl.float32)
     sum_x = tl.full((BLOCK,), 0.0, tl.float32)
-    # taps_*: the widest window of this image, from the host; narrower windows are masked. (while, not range: Triton
-    # 3.6's interpreter cannot take a loaded value as a range bound)
+    # taps_*: the widest window, from the host; narrower ones are masked (while: the interpreter needs it)
     tx = taps_x * 0
     while tx < taps_x:  # the weights of a row, the same for each of its taps_y rows
         x = x_min + tx
@@ -127,17 +116,10 @@ def crop_resize(
     shift: list[float],
     kernel: bool | None = None,
 ) -> torch.Tensor:
-    """Fill ``out`` (n, 3, S, S) float32, any memory layout, from ``images`` (n of them, (3, H, W) uint8).
-
-    Image k's ``geometry[k] = (top, left, box_h, box_w, out_h, out_w, out_top, out_left, flip)``: its box
-    ``[top:top+box_h, left:left+box_w]`` is resized to (out_h, out_w), of which the S x S window at (out_top,
-    out_left) is kept, flipped if ``flip``, then ``x * scale[c] + shift[c]``. A random-resized crop is box = the
-    crop, out = S x S, window at 0; an evaluation resize + centre crop is box = the image, out = the resized size,
-    window = the centre.
-
-    ``kernel``: the Triton kernel (default on a GPU), or torch's own resize per image (default on the CPU, where
-    Triton's interpreter would take seconds per batch; tests compare the two).
-    """
+    """Fill ``out`` (n, 3, S, S) float32 from ``images`` ((3, H, W) uint8 each). ``geometry[k] = (top, left, box_h,
+    box_w, out_h, out_w, out_top, out_left, flip)``: the box is resized to (out_h, out_w), the S x S window at
+    (out_top, out_left) kept, flipped if asked, then ``x * scale[c] + shift[c]``. ``kernel``: Triton (default on a
+    GPU) or torch's resize per image (default on the CPU)."""
     n, _, size, _ = out.shape
     if not (images[0].is_cuda if kernel is None else kernel):
         shift_t, scale_t = torch.tensor(shift).view(3, 1, 1), torch.tensor(scale).view(3, 1, 1)

@@ -1,7 +1,4 @@
-"""imagenet/train.py's inputs: the command line, its recipes and the checks that run before any process starts,
---pretrained weights (fetched once, with a one-line error when offline), and the Pillow data path that names
-unreadable files.
-"""
+"""imagenet/train.py's inputs: the command line and its checks, --pretrained weights, the Pillow data path."""
 
 from __future__ import annotations
 
@@ -24,15 +21,13 @@ from common.errors import UserError
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ImageNet's channel statistics
 
 
-# ------------------------------------------------------------------ the command line
-
-# Defaults each recipe gives to the flags left unset (an explicit flag always wins).
+# defaults each recipe gives to the flags left unset
 # fmt: off
 RECIPES = {
-    # torchvision V1 / pytorch/examples: 76.13% top-1 for ResNet50 (torchvision's number, not reproduced here).
+    # torchvision V1 / pytorch/examples
     "classic": dict(lr=0.1, momentum=0.9, weight_decay=1e-4, label_smoothing=0.0, lr_schedule="step",
                     warmup_epochs=0.0, norm_bias_decay=True),
-    # NVIDIA DeepLearningExamples ResNet50 v1.5, 90 epochs AMP: 77.1% top-1 (their number, not reproduced here).
+    # NVIDIA DeepLearningExamples ResNet50 v1.5
     "modern": dict(lr=0.256, momentum=0.875, weight_decay=1 / 32768, label_smoothing=0.1, lr_schedule="cosine",
                    warmup_epochs=5.0, norm_bias_decay=False),
 }
@@ -45,7 +40,6 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
 
 def rd(name: str) -> str:
-    """Help text for a flag that --recipe fills in: its value in each recipe."""
     return "default: " + ", ".join(
         f"{r} {v[name]:.4g}" if type(v[name]) is float else f"{r} {v[name]}" for r, v in RECIPES.items()
     )  # noqa: E501
@@ -133,13 +127,9 @@ def apply_recipe(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line, with the recipe's values for the flags left unset, checked."""
     args = apply_recipe(get_args_parser().parse_args(argv))
     check_args(args)
     return args
-
-
-# ------------------------------------------------------------------ inputs (cheap checks, before any process starts)
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -191,7 +181,6 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def weights_file(args: argparse.Namespace):
-    """The torchvision weights --pretrained asks for and their path in the torch hub cache."""
     from torchvision.models import get_model_weights
 
     enum = get_model_weights(args.arch)
@@ -203,7 +192,7 @@ def weights_file(args: argparse.Namespace):
 
 
 def fetch_weights(args: argparse.Namespace) -> str | None:
-    """Download --pretrained weights into the cache if missing; returns an error text instead of hanging."""
+    """Download --pretrained weights into the cache if missing; an error text, not a hang, when offline."""
     w, path = weights_file(args)
     if path.is_file():
         return None
@@ -223,9 +212,6 @@ def fetch_weights(args: argparse.Namespace) -> str | None:
         socket.setdefaulttimeout(old)
 
 
-# ------------------------------------------------------------------ data
-
-
 class CheckedImageFolder(torchvision.datasets.ImageFolder):
     """ImageFolder whose unreadable files come back as (None, message) instead of killing a worker."""
 
@@ -239,7 +225,6 @@ class CheckedImageFolder(torchvision.datasets.ImageFolder):
 
 
 def image_folder(root: Path, tf) -> CheckedImageFolder:
-    """The Pillow path's dataset (--gpu-decode wraps its .samples in gpu_decode.EncodedImages)."""
     try:
         return CheckedImageFolder(str(root), transform=tf)
     except (FileNotFoundError, OSError) as e:
@@ -247,7 +232,6 @@ def image_folder(root: Path, tf) -> CheckedImageFolder:
 
 
 def transforms(args: argparse.Namespace):
-    """The Pillow path's train and val transforms (--gpu-decode does the same on the GPU: gpu_decode.py)."""
     normalize = [T.PILToTensor(), T.ConvertImageDtype(torch.float), T.Normalize(MEAN, STD)]
     tf_train = T.Compose([T.RandomResizedCrop(args.train_crop_size), T.RandomHorizontalFlip(), *normalize])
     tf_val = T.Compose([T.Resize(args.val_resize_size), T.CenterCrop(args.val_crop_size), *normalize])
@@ -255,7 +239,7 @@ def transforms(args: argparse.Namespace):
 
 
 def mixup_cutmix(args, num_classes: int):
-    """--mixup-alpha/--cutmix-alpha: one transform of the device batch, soft targets for the loss (None: off)."""
+    """--mixup-alpha/--cutmix-alpha: a transform of the device batch (None: off)."""
     from torchvision.transforms import v2
 
     ops = [v2.MixUp(alpha=args.mixup_alpha, num_classes=num_classes)] if args.mixup_alpha > 0 else []
@@ -272,7 +256,6 @@ def check_bad(args, rank: int, bad: list[str], split: str) -> None:
 
 
 def collate(batch):
-    """default_collate of the readable samples, plus the messages of the unreadable ones."""
     good = [s for s in batch if s[0] is not None]
     x, y = torch.utils.data.default_collate(good) if good else (None, None)
     return x, y, [msg for img, msg in batch if img is None]

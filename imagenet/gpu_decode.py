@@ -1,25 +1,10 @@
-"""GPU JPEG data path for ImageFolder training (``--gpu-decode``).
-
-Pillow decodes about 150-300 images/s per CPU core, so 16 cores feed a GPU less than it trains. Here the
-DataLoader workers only read files and draw each sample's random crop; decoding, crop, resize, flip and
-normalize run batched on the device, one batch ahead of the training step, on a side CUDA stream:
+"""``--gpu-decode``: DataLoader workers only read files and draw each sample's crop; decoding (one batched
+``torchvision.io.decode_jpeg`` per batch, nvJPEG), crop, resize, flip and normalize run on the device, a batch ahead
+of the training step, on side streams (``prefetch``). Files no GPU decoder takes are decoded on the CPU. Sample
+``(epoch, i)`` draws its box and flip exactly as the Pillow path does; only the resize kernel differs.
 
     loader = DataLoader(EncodedImages(ds.samples, seed), batch_size, sampler=..., collate_fn=collate_encoded)
-    to_device = GpuTransform(device, crop_size=224)  # evaluation: GpuTransform(device, 224, resize_size=256)
-    for x, y, bad in prefetch(loader, to_device):  # bad: ["PATH (why)", ...], files left out of x and y
-        ...
-
-The decoder is one batched ``torchvision.io.decode_jpeg(device="cuda")`` call per batch. nvJPEG picks its
-backend: on an H100 the JPEG engines were busy (NVML) while it ran, so it uses the hardware decoders too. It
-blocks the calling thread while it decodes (hence ``prefetch``'s thread), and torchvision 0.29 deprecates it. On
-a CPU device (the tests) it is libjpeg on the CPU.
-Files no GPU decoder takes (PNGs named .JPEG, CMYK JPEGs, files cut short) are decoded on the CPU and copied.
-``GpuTransform.counts`` counts the images each decoder took.
-
-The augmentation equals the CPU path's sample by sample, not only in distribution: sample ``(epoch, i)`` draws
-its box and flip from a generator seeded with ``mix_seed(seed, epoch, i)``, with the same calls in the same
-order as ``SeededDataset`` + ``RandomResizedCrop`` + ``RandomHorizontalFlip``. Only the resize kernel differs
-(torch's antialiased bilinear against Pillow's; tests/test_gpu_decode.py measures the difference).
+    for x, y, bad in prefetch(loader, GpuTransform(device, crop_size=224)):  # bad: "PATH (why)" left out
 """
 
 from __future__ import annotations
@@ -49,15 +34,15 @@ from imagenet.data import MEAN, STD
 Box = tuple[int, int, int, int, bool]  # top, left, height, width, flip
 Batch = tuple[torch.Tensor | None, torch.Tensor | None, list[str]]  # x, y, bad: as imagenet/train.py's collate
 RGB = ImageReadMode.RGB  # grayscale and CMYK files come out as 3 channels, as with Pillow's convert("RGB")
-# torchvision 0.29 deprecates its image codecs in favour of TorchCodec; they still work, so keep logs clean.
+# torchvision 0.29 deprecates its image codecs in favour of TorchCodec; they still work
 warnings.filterwarnings("ignore", "The image decoding and encoding capabilities of TorchVision", DeprecationWarning)
 
 
 def random_resized_crop_box(
     height: int, width: int, g: torch.Generator, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)
 ) -> tuple[int, int, int, int]:
-    """``T.RandomResizedCrop.get_params`` drawing from ``g`` instead of the global RNG. The same torch calls in
-    the same order (float32 log/exp included), so the same generator state gives the same box."""
+    """``T.RandomResizedCrop.get_params`` drawing from ``g``: the same torch calls in the same order, so the same
+    generator state gives the same box."""
     area = height * width
     log_ratio = torch.log(torch.tensor(ratio))
     for _ in range(10):
@@ -89,18 +74,9 @@ class Encoded(NamedTuple):
 
 
 class EncodedImages(torch.utils.data.Dataset):
-    """ImageFolder ``samples`` -> ``Encoded`` samples: file bytes, and what the worker learnt from the header.
-
-    A key ``(epoch, i)`` (from ``ResumableDistributedSampler``) also draws sample i's crop box and flip, seeded
-    like ``common.data.SeededDataset``; a plain index (evaluation) draws nothing. The workers draw, not the
-    training process: the ~15 small torch calls (40-70 us) per sample would otherwise cost 10-18 ms per batch
-    of 256 on the one Python thread that drives the GPU.
-
-    PIL reads the header without decoding: the size, and which decoder should take the file (``route``).
-    RGB or grayscale JPEGs go to nvJPEG (route "hw" for baseline, "cuda" for progressive ones, which the JPEG
-    engines reject). A PNG under a .JPEG name and CMYK JPEGs (ImageNet has both) go to the CPU
-    decoder, and so does a JPEG without its end marker, because nvJPEG decodes a file cut short without a word.
-    """
+    """ImageFolder ``samples`` -> ``Encoded``: file bytes and the decoder to take them, from the header (PIL reads
+    it without decoding). A key ``(epoch, i)`` also draws the crop box and flip, in the worker, seeded like
+    ``SeededDataset``. PNGs named .JPEG, CMYK JPEGs and files cut short (nvJPEG decodes those silently) go to CPU."""
 
     def __init__(self, samples: Sequence[tuple[str, int]], seed: int = 0, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
         self.samples, self.seed, self.scale, self.ratio = samples, seed, scale, ratio
@@ -129,8 +105,7 @@ class EncodedImages(torch.utils.data.Dataset):
 
 
 def _has_end_marker(data: torch.Tensor) -> bool:
-    # EOI (FF D9) in the last KB: entropy-coded data never holds it (an FF there is followed by 00 or a
-    # restart marker), so a file cut short fails this while one with a few trailing bytes passes
+    # EOI (FF D9) in the last KB: entropy-coded data never holds it, so a file cut short fails this
     return data[-1024:].numpy().tobytes().rfind(b"\xff\xd9") >= 0
 
 
@@ -148,9 +123,8 @@ class EncodedBatch:
         return list(self.data.split(self.sizes))  # views, no copies
 
     def pin_memory(self) -> EncodedBatch:
-        # DataLoader(pin_memory=True) calls this in its pinning thread. Pinned, the file bytes reach the GPU by
-        # DMA queued on a stream; pageable, every file is one host-blocking staged copy. Pinned labels reach the
-        # GPU without a stream sync. ``prefetch`` keeps the batch alive until the GPU has read it.
+        # called by DataLoader(pin_memory=True): pinned bytes reach the GPU by a DMA queued on a stream, not a
+        # host-blocking copy; ``prefetch`` keeps the batch alive until the GPU has read it
         self.data, self.labels = self.data.pin_memory(), self.labels.pin_memory()
         return self
 
@@ -178,13 +152,8 @@ def decode(
     device: torch.device | str,
     counts: Counter | None = None,
 ) -> tuple[list[torch.Tensor], list[int], list[str]]:
-    """Decode to (3, H, W) uint8 images on ``device``; returns (images, their indices in the batch, bad).
-
-    The files routed to the GPU go to one batched ``torchvision.io.decode_jpeg`` call (nvJPEG, or libjpeg on a
-    CPU device), whose files are decoded one by one if the batch fails. The rest, and what the GPU refuses, go to
-    the CPU's ``decode_image`` (libjpeg, libpng); what fails there too is "PATH (why)" in ``bad``.
-    ``counts[decoder]`` += images decoded.
-    """
+    """Decode to (3, H, W) uint8 images on ``device``: (images, their indices in the batch, bad). One batched
+    ``decode_jpeg`` call (one by one if the batch fails), then the CPU's ``decode_image`` for the rest."""
     files, device, bad = batch.files(), torch.device(device), list(batch.bad)
     counts = Counter() if counts is None else counts
     images: dict[int, torch.Tensor] = {}
@@ -216,17 +185,9 @@ def _decode_one(data: torch.Tensor, device: torch.device, nvjpeg: bool) -> tuple
 
 
 class GpuTransform:
-    """Decode an ``EncodedBatch`` on ``device`` and augment it there. Returns ``(x, y, bad)`` like
-    imagenet/train.py's ``collate``: x (n, 3, S, S) normalized float32 (channels_last if asked) and y (n,) on
-    the device, without the files listed in ``bad``; x and y are None when no file is left.
-
-    Training (``resize_size=None``): crop each image to its box, resize to crop_size², flip where drawn.
-    Evaluation: resize the shorter side to ``resize_size``, keep the centre crop_size² (T.Resize + T.CenterCrop).
-    Both are one ``crop_resize`` call per batch (one Triton kernel on a GPU).
-    ``self.counts``: how many images each of cuda (nvJPEG) and cpu decoded.
-    Per batch it makes no host sync of its own (the kernel's per-image table goes by pinned, queued copy), but
-    decoding blocks the calling thread (see ``prefetch``): call it through ``prefetch``.
-    """
+    """Decode an ``EncodedBatch`` on ``device`` and augment it there: ``(x, y, bad)`` like train.py's ``collate``.
+    Training (``resize_size=None``) crops each box and resizes it to crop_size², flipped where drawn; evaluation
+    resizes the shorter side to ``resize_size`` and keeps the centre. ``counts``: images each decoder took."""
 
     def __init__(
         self,
@@ -246,7 +207,6 @@ class GpuTransform:
         self.scale, self.shift = [1 / (255 * s) for s in std], [-m / s for m, s in zip(mean, std)]
 
     def __call__(self, batch: EncodedBatch, slot: int = 0) -> Batch:
-        """``slot``: which of ``prefetch``'s threads calls."""
         train, counts = self.resize_size is None, Counter()
         if train and None in batch.boxes:
             raise ValueError("a training GpuTransform needs boxes: index EncodedImages with (epoch, i) keys")
@@ -281,17 +241,10 @@ def prefetch(
     threads: int | None = None,
     priority: int = 0,
 ) -> Iterator[Batch]:
-    """``transform(b) for b in batches``, in order, computed up to ``ahead`` batches early by ``threads`` threads
-    (default: ``transform.threads``).
-
-    Why a thread: decoding blocks the calling thread, and behind queued training kernels it blocks until they ran,
-    on whichever stream; called from the training loop, it would stall the host at every step, and the GPU with it.
-    CUDA runs the streams on 8 hardware queues by default, shared with the training's stream, so imagenet/train.py
-    sets CUDA_DEVICE_MAX_CONNECTIONS=32 (BENCHMARKS.md). Each thread queues its work on its own side stream
-    (``priority``: that stream's CUDA priority, -1 high), so the crops run beside the training. The consumer's
-    stream waits for each batch's event, and a batch's pinned file bytes stay referenced until the GPU has read
-    them (torch's pinned-memory cache would hand the block to another batch as soon as it is freed).
-    """
+    """``transform(b) for b in batches``, in order, up to ``ahead`` batches early, by ``threads`` threads: decoding
+    blocks its thread until the queued training kernels ran, so the training loop must not call it. Each thread
+    works on its own side stream; the consumer's stream waits for each batch's event, and a batch's pinned bytes
+    stay referenced until the GPU has read them (the pinned-memory cache would hand them on at once)."""
     it, lock, stop = iter(batches), threading.Lock(), threading.Event()
     q: queue.Queue = queue.Queue(maxsize=ahead)
     cuda = transform.device.type == "cuda"
@@ -306,9 +259,7 @@ def prefetch(
                 pass
 
     def produce(slot: int) -> None:
-        if cuda:  # a new thread's CUDA device is cuda:0, whichever GPU the rank uses: leaving the stream context
-            # below would make it current again, which creates a CUDA context on GPU 0 (and takes GPU 0 memory) in
-            # every other rank, while holding the GIL
+        if cuda:  # a new thread's device is cuda:0: without this, every rank would create a context on GPU 0
             torch.cuda.set_device(transform.device)
         side = torch.cuda.Stream(transform.device, priority=priority) if cuda else None
         reading: deque = deque()  # (event, batch): file bytes the GPU may still be reading

@@ -1,9 +1,5 @@
-"""pytorch/examples' ``--multiprocessing-distributed`` launch mode, as a reusable function.
-
-``spawn(main, args)`` starts one process per GPU (``--nproc-per-node`` CPU processes without GPUs, with gloo)
-on this node. As in main.py, ``--world-size`` and ``--rank`` count *nodes*, and a process's global rank is
-``node_rank * processes_per_node + local_rank``.
-"""
+"""pytorch/examples' ``--multiprocessing-distributed``: one process per GPU of this node (``--nproc-per-node`` on
+CPUs); as in main.py, ``--world-size`` and ``--rank`` count nodes."""
 
 from __future__ import annotations
 

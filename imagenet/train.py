@@ -7,10 +7,8 @@ The command line of pytorch/examples imagenet/main.py works unchanged:
     torchrun --standalone --nproc_per_node=8 imagenet/train.py /data/imagenet     # or torchrun, Slurm, MPI
     python imagenet/train.py --dummy -a resnet50 --max-steps 100                    # benchmark the model only
 
-Differences from main.py: -b and -j are per process (main.py divides them by the GPUs of a node), --lr is
-for 256 images and scales with the global batch, and runs write to --output-dir (last.pt, best.pt,
-metrics.jsonl). Read top to bottom: arguments -> (optional) spawn -> distributed setup -> data -> model
--> optimizer -> resume -> training loop with exact evaluation and checkpoints. See imagenet/README.md.
+Read main() top to bottom: distributed setup -> data -> model -> optimizer -> resume -> epochs of
+train_one_epoch(), each followed by evaluate() and a checkpoint. Differences from main.py: see --help.
 """
 
 from __future__ import annotations
@@ -189,8 +187,7 @@ def log_eval(r: SimpleNamespace, m: dict, epoch: int, step: int, extra: dict | N
 
 
 def save_state(name: str, r: SimpleNamespace, pos: Position, keep_last: int = 0) -> float:
-    """Checkpoint ``name`` (global rank 0 writes, on a thread); returns the seconds it took, which the throughput
-    leaves out. Every rank calls it: the loss window gathers every rank's sum."""
+    """Checkpoint ``name`` (rank 0 writes, on a thread; every rank calls it); returns the seconds it took."""
     t = time.time()
     r.watchdog.beat(CHECKPOINT)
     window = r.loss_window.state(pos.step)  # stops on a NaN or infinite loss since the last log point
@@ -260,9 +257,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
         if launch.launcher not in ("single", "dist-url"):
             raise UserError(f"--gpu picks one process's GPU; under {launch.launcher} each rank uses its local rank")
         launch = dataclasses.replace(launch, local_rank=args.gpu)
-    if args.gpu_decode:  # read when CUDA makes its context, so before setup_distributed picks the device
-        # CUDA runs streams on 8 hardware queues by default: the decode's stream would share one with the training's
-        # and wait behind the work queued there, a whole CUDA graph replay included. 32 gives it its own.
+    if args.gpu_decode:  # the decode's stream gets a hardware queue of its own (read when CUDA starts)
         os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
     info = setup_distributed(args, launch=launch)
     device = info.device
@@ -305,10 +300,7 @@ def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
         r.ddp = nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True
         )
-    # --compile-mode reduce-overhead replays the forward and backward as CUDA graphs: a step costs the host almost
-    # nothing to launch, which matters most with --gpu-decode, whose threads share the interpreter.
     r.train_model = torch.compile(r.ddp, mode=args.compile_mode) if args.compile else r.ddp
-    # updated on every rank from the same weights, on the device; BN buffers are synced before eval
     r.ema = EMA(model, args.ema) if args.ema else None
     r.mix = mixup_cutmix(args, data.num_classes)
 

@@ -4,11 +4,14 @@ bench/chaos.py throws random faults of the same kinds at all three scripts."""
 
 import os
 import signal
+import subprocess
 import time
 
 import torch
 
 from tests.conftest import (
+    PY,
+    REPO,
     assert_same_training_state,
     cifar_data,
     cifar_loader_cmd,
@@ -48,6 +51,38 @@ def kill_mid_write(out, pid: int) -> None:
     raise AssertionError("no checkpoint write caught")
 
 
+def holders(proc) -> tuple[list[int], str]:
+    """Every process that holds the job's output pipe open, as ps shows it: what keeps a finished job from ending."""
+    pipe = os.readlink(f"/proc/self/fd/{proc.stdout.fileno()}")
+    pids = []
+    for d in os.listdir("/proc"):
+        try:
+            if (
+                d.isdigit()
+                and int(d) != os.getpid()
+                and pipe in {os.readlink(f"/proc/{d}/fd/{fd}") for fd in ("1", "2")}
+            ):
+                pids.append(d)
+        except OSError:
+            pass
+    ps = subprocess.run(
+        ["ps", "-o", "pid,ppid,pgid,stat,etime,args", "-p", ",".join(pids) or "1"], capture_output=True, text=True
+    )
+    return [int(p) for p in pids], ps.stdout
+
+
+def communicate(proc, timeout: float, fault: str) -> str:
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired as e:
+        pids, held = holders(proc)
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        raise AssertionError(
+            f"{fault}: the job did not end; its output is held by\n{held}\n{(e.output or '')[-3000:]}"
+        ) from None
+
+
 def test_a_schedule_of_faults_ends_as_an_uninterrupted_run(tmp_path, tmp_path_factory):
     """SIGKILL of rank 1; SIGKILL of rank 0 in the middle of a checkpoint write (the temporary file it leaves is gone
     after the rerun); SIGKILL of the torchrun agent (the ranks exit by themselves); SIGTERM of the agent (the ranks
@@ -76,7 +111,7 @@ def test_a_schedule_of_faults_ends_as_an_uninterrupted_run(tmp_path, tmp_path_fa
             time.sleep(2)
             os.kill(ranks[1], signal.SIGCONT)
         thrown = time.time()
-        log, _ = proc.communicate(timeout=300)  # the last leg trains to the end
+        log = communicate(proc, 300, fault)  # the last leg trains to the end
         while any(map(alive, ranks)):  # no rank outlives its agent
             assert time.time() < thrown + 20, f"{fault}: ranks still running after the agent ended"
             time.sleep(0.1)
@@ -92,3 +127,44 @@ def test_a_schedule_of_faults_ends_as_an_uninterrupted_run(tmp_path, tmp_path_fa
     assert a["batch_in_epoch"] == b["batch_in_epoch"] and a["step"] == 60
     assert all(torch.equal(v, b["ema"][k]) for k, v in a["ema"].items())
     assert run_records(out) == run_records(ref)  # each step and evaluation once, the same values
+
+
+RANK_DIES_WHILE_A_WORKER_STARTS = """
+import os, signal, sys, time
+import torch
+from common.data import loader_kwargs
+import slow_init
+
+data = torch.utils.data.TensorDataset(torch.arange(8))
+kw = {**loader_kwargs(1, 0, 0, torch.device("cpu")), "worker_init_fn": slow_init.init}
+batches = iter(torch.utils.data.DataLoader(data, **kw))
+time.sleep(1.5)  # the worker is forked and sleeps in its init, before init_worker
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_worker_whose_rank_dies_while_it_starts_exits_too(tmp_path):
+    """The rank dies (and its fork server with it) between a worker's fork and its init_worker: the worker, too late
+    for the death signal and an orphan, ends itself instead of waiting for its dead rank forever (holding the job's
+    output open, so that whatever waits for the job's end hangs)."""
+    (tmp_path / "slow_init.py").write_text(
+        "import time\nfrom common.data import init_worker\n\ndef init(i):\n    time.sleep(2)\n    init_worker(i)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{tmp_path}", "OMP_NUM_THREADS": "1", "CHAOS_MARKER": str(tmp_path)}
+    proc = subprocess.run([PY, "-c", RANK_DIES_WHILE_A_WORKER_STARTS], cwd=tmp_path, env=env, timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    deadline = time.time() + 10  # the worker's init sleeps 2 s more
+    while left := marked(f"CHAOS_MARKER={tmp_path}".encode()):
+        assert time.time() < deadline, f"processes of the dead rank still running: {left}"
+        time.sleep(0.2)
+
+
+def marked(marker: bytes) -> list[int]:
+    found = []
+    for d in os.listdir("/proc"):
+        try:
+            if d.isdigit() and marker in open(f"/proc/{d}/environ", "rb").read().split(b"\0") and alive(int(d)):
+                found.append(int(d))
+        except OSError:
+            pass
+    return found

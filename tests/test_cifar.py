@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cifar_resnet.data import decode_folder, gpu_random_erasing  # noqa: E402
 from cifar_resnet.model import BasicBlock  # noqa: E402
 from cifar_resnet.train import build_model  # noqa: E402
+from common.errors import UserError  # noqa: E402
 from common.utils import EMA  # noqa: E402
 
 TINY = ["-a", "resnet20", "-b", "4", "--print-freq", "1", "--seed", "3"]  # the paper's ResNet-20: fast on a CPU
@@ -264,3 +265,17 @@ def test_ema_update_maths():
     ema.update(1000)  # decay 0.9 now: a tenth of the way to the weights
     torch.testing.assert_close(ema.module[0].weight, w0 + 9 / 11 + 0.1 * (2 / 11))
     assert model[0].weight.requires_grad and not ema.module[0].weight.requires_grad
+
+
+def test_a_test_folder_short_of_a_class_is_labelled_by_class_name(tmp_path):
+    """test/ without class0: its images keep the training set's labels (class1 is 1, not 0 as ImageFolder alone
+    numbers the folders it finds); a class that train/ lacks is one error line."""
+    root = make_jpeg_imagefolder(tmp_path / "d", {"train": 6, "test": 6}, classes=3)
+    shutil.rmtree(root / "test" / "class0")
+    train = decode_folder(root / "train", (root,), workers=0, writer=True)
+    test = decode_folder(root / "test", (root,), workers=0, writer=True, classes=train.classes)
+    assert train.classes == ["class0", "class1", "class2"] and sorted(set(test.targets)) == [1, 2]
+    (root / "test" / "class9").mkdir()
+    shutil.copy(next((root / "test" / "class1").iterdir()), root / "test" / "class9")
+    with pytest.raises(UserError, match="has class folders that train/ lacks: class9"):
+        decode_folder(root / "test", (root,), workers=0, writer=True, classes=train.classes)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import PY, REPO, run
+from tests.conftest import PY, REPO, make_jpeg_imagefolder, run
 
 TINY_CIFAR = [PY, "cifar_resnet/train.py", "--synthetic", "-a", "resnet20", "-b", "4", "-j", "0", "-p", "1"]
 CPU_BLOCK = re.compile(r"<!-- cpu-tested -->\s*```bash\n(.*?)```", re.S)
@@ -61,17 +61,45 @@ def test_readme_cpu_commands_run(quickstart):
     assert [r["step"] for r in train] == [5, 10] and all(r["img_per_s"] > 0 and r["loss"] > 0 for r in train)
 
 
-def test_copy_as_template_runs_unchanged(tmp_path):
-    """cp -r common/ cifar_resnet/ to a new project, the script's folder under another name: it runs as is, with
-    nothing of this repo on the path, under torchrun with DataLoader workers, and the fork server's guard (the
-    workers' death signal) is a module that imports there."""
-    proj = tmp_path / "my_project"
-    shutil.copytree(REPO / "common", proj / "common", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(REPO / "cifar_resnet", proj / "my_cifar", ignore=shutil.ignore_patterns("__pycache__"))
-    run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "my_cifar/train.py", "--synthetic",
-         "-a", "resnet20", "--max-steps", "2", "-b", "4", "-j", "2", "--eval-every", "0", "--output-dir", "out"],
-        cwd=proj)  # fmt: skip
-    assert torch.load(proj / "out/last.pt", weights_only=True)["step"] == 2
+def test_readme_layout_lists_every_file():
+    """The README's layout block names each file and subfolder of the code folders (README.md, __init__.py aside)."""
+    block = re.search(r"## Layout\n\n```\n(.*?)```", (REPO / "README.md").read_text(), re.S).group(1)
+    listed, folder = {}, None
+    for line in block.splitlines():
+        head, *names = line.split() if not line.startswith(" ") else [folder, *line.split()]
+        folder = head
+        listed.setdefault(head.rstrip("/"), set()).update(n for n in names if not n.endswith(":"))
+    for name in ("common", "cifar_resnet", "imagenet", "transformer", "scripts", "bench"):
+        present = {p.name + "/" * p.is_dir() for p in (REPO / name).iterdir() if not p.name.startswith((".", "__"))}
+        assert listed[name] == present - {"README.md"}, name
+
+
+def make_it_yours(doc: str) -> list[str]:
+    """The command lines of a README's `<!-- make-it-yours -->` block: what a user runs to copy the script."""
+    (block,) = re.findall(r"<!-- make-it-yours -->\s*```bash\n(.*?)```", (REPO / doc).read_text(), re.S)
+    return [line for line in block.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("doc", ["cifar_resnet/README.md", "imagenet/README.md"])
+def test_copy_as_template_runs_unchanged(tmp_path, doc):
+    """Each workload README's copy instruction, run as written (the copy lands in tmp_path): the copy runs with nothing
+    of this repo on the path, the fork server's guard (the workers' death signal) imports there, and the CIFAR folder
+    runs under another name. ImageNet's runs --gpu-decode, whose CPU fallback needs every file of the folder."""
+    folder, proj = doc.split("/")[0], tmp_path / "my_project"
+    copy, go = make_it_yours(doc)
+    assert go.startswith("cd ../my_project && "), go
+    run(["bash", "-c", copy.replace("../my_project", str(proj))])
+    assert sorted(p.name for p in proj.iterdir()) == sorted(["common", folder])
+    go = go.removeprefix("cd ../my_project && ").replace("python ", f"{PY} ", 1)
+    if folder == "cifar_resnet":  # any folder name works
+        (proj / folder).rename(proj / "my_cifar")
+        go = go.replace(f"{folder}/train.py", "my_cifar/train.py")
+    else:
+        data = make_jpeg_imagefolder(tmp_path / "imgs", {"train": 12, "val": 6}, classes=3)
+        go = go.replace("/path/to/imagefolder", str(data))
+    p = run(["bash", "-c", go], cwd=proj)
+    assert torch.load(proj / "out/last.pt", weights_only=True)["step"] > 0
+    assert folder == "cifar_resnet" or "gpu-decode decoded (rank 0): cpu 12" in p.stdout, p.stdout
     check = "import importlib, multiprocessing.forkserver as f; from common.data import worker_context; "
     check += "worker_context(1); [importlib.import_module(m) for m in f._forkserver._preload_modules]; print('ok')"
     assert run([PY, "-c", check], cwd=proj).stdout.strip().endswith("ok")

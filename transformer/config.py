@@ -1,5 +1,4 @@
-"""transformer/train.py's command line: every flag, and the checks of their values that run before any process
-group, text or model exists (common/checks.py has the rules the scripts share)."""
+"""transformer/train.py's flags, and the checks of their values before any process group, text or model exists."""
 
 from __future__ import annotations
 
@@ -73,7 +72,6 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Every flag's value, before any process group, text or model (common/checks.py has the shared rules)."""
     check_shared(args)
     try:
         import sacrebleu  # noqa: F401  (imported where used; checked here so a missing one fails before training)

@@ -1,15 +1,6 @@
-"""Parallel text in, packed (training) and padded (evaluation) token-id batches out.
-
-    load_corpus      --data NAME|DIR or --synthetic -> {"train": (src, tgt), "val": ..., ["test": ...]}
-    train_tokenizer  joint BPE (or WordLevel) over the training split, as a `tokenizers` Tokenizer
-    PackedBatchSampler, PackedRows  training batches: sentence pairs packed end to end into rows of
-                     --pack-len tokens with a document id per token, the same shape every step, the same number
-                     of batches on every rank, every pair once per epoch, resumable
-    collate, token_batches  padded batches (src, tgt_in, tgt_out) of whole sentences, for evaluation and decoding
-
-Token ids 0-3 are the special tokens of every tokenizer made here: <pad> <unk> <s> </s>.
-A source is `ids + </s>`; the decoder reads `<s> + ids` and predicts `ids + </s>`.
-"""
+"""Parallel text in (``load_corpus``), a joint tokenizer, packed training rows (``PackedBatchSampler``,
+``PackedRows``) and padded evaluation batches (``collate``, ``token_batches``) out. Ids 0-3 are <pad> <unk> <s>
+</s>; a source is ``ids + </s>``, the decoder reads ``<s> + ids`` and predicts ``ids + </s>``."""
 
 from __future__ import annotations
 
@@ -31,9 +22,6 @@ SPECIALS = ["<pad>", "<unk>", "<s>", "</s>"]
 PAD, UNK, BOS, EOS = range(4)
 VAL_NAMES = ("val", "valid", "validation", "dev")  # all mean "val" here
 Splits = dict[str, tuple[list[str], list[str]]]  # split -> (source sentences, target sentences)
-
-
-# ------------------------------------------------------------------ corpus sources
 
 
 def load_corpus(args, info: DistInfo) -> Splits:
@@ -78,9 +66,8 @@ CHARS_PER_TOKEN = 16  # a side longer than this x --max-len in characters cannot
 
 
 def screen_pairs(src: list[str], tgt: list[str], max_chars: int, where: str) -> tuple[list[str], list[str]]:
-    """Drop (and count) the training pairs with a side over ``max_chars`` characters, before the tokenizer is
-    trained: BPE's cost grows with the square of a word's length, and one long line without spaces stalls it for
-    minutes. Warn about pairs with an empty side; a corpus of nothing but those is an error."""
+    """Drop the training pairs with a side over ``max_chars`` characters before the tokenizer is trained (BPE's cost
+    grows with the square of a word's length); warn about pairs with an empty side."""
     keep = [i for i, (a, b) in enumerate(zip(src, tgt)) if len(a) <= max_chars and len(b) <= max_chars]
     if len(keep) < len(src):
         print0(f"dropped {len(src) - len(keep)} training pairs over {max_chars} characters (--max-len x "
@@ -98,11 +85,8 @@ def screen_pairs(src: list[str], tgt: list[str], max_chars: int, where: str) -> 
 
 
 def synthetic_corpus(seed: int, sizes: tuple[int, int, int] = (20000, 500, 500)) -> Splits:
-    """A made-up language pair: each word maps to a fixed target word, and word order is reversed.
-
-    Deterministic in `seed`, no disk or network. Learnable by a tiny model in a minute on a CPU,
-    and reversal needs real attention (not just a per-position lookup).
-    """
+    """A made-up language pair, deterministic in `seed`: each word maps to a fixed target word, and word order is
+    reversed (which needs real attention, not a per-position lookup)."""
     syll_src = ["ka", "lo", "mi", "ne", "su", "ta", "ro", "vi"]
     syll_tgt = ["ba", "de", "fo", "gu", "hi", "jo", "pe", "zu"]
     src_words = [a + b for a in syll_src for b in syll_src][:40]
@@ -163,11 +147,8 @@ def read_text_dir(root: Path, src: str, tgt: str) -> Splits:
 
 
 def read_hub_dataset(args, info: DistInfo) -> Splits:
-    """`datasets.load_dataset` on rank 0 only; the sentences reach the other ranks by broadcast.
-
-    So only one process ever contacts the Hub, and nodes need no shared cache. Every rank
-    gets the same error, so all fail alike instead of some waiting forever.
-    """
+    """`datasets.load_dataset` on rank 0 only (nodes need no shared cache); the sentences, or the error, reach the
+    other ranks by broadcast, so all fail alike instead of some waiting forever."""
     result: Splits | str | None = None
     if info.is_main:
         try:
@@ -251,15 +232,9 @@ def _pairs_from_columns(ds, src: str, tgt: str, where: str) -> tuple[list[str], 
     raise UserError(f"{where} has columns {cols}: need 'translation', '{src}'+'{tgt}', or exactly two text columns")
 
 
-# ------------------------------------------------------------------ tokenizer
-
-
 def train_tokenizer(kind: str, sentences: list[str], vocab_size: int):
-    """A joint source+target tokenizer whose decode gives back the exact text.
-
-    bpe: byte-level BPE, lossless for any Unicode text (no <unk> ever).
-    wordlevel: one id per word or punctuation mark (the tutorial's choice); lossless for known words.
-    """
+    """A joint source+target tokenizer whose decode gives back the exact text: byte-level BPE (never <unk>), or
+    wordlevel, one id per word or punctuation mark (lossless for known words)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if kind == "bpe":
@@ -288,10 +263,7 @@ def train_tokenizer(kind: str, sentences: list[str], vocab_size: int):
 
 
 def shared_tokenizer(args, train: tuple[list[str], list[str]], info: DistInfo) -> str:
-    """Rank 0 trains the tokenizer on the training pairs (both sides); every rank gets its JSON string.
-
-    The broadcast is also the barrier: the other ranks wait while rank 0 trains, and need no shared disk.
-    """
+    """Rank 0 trains the tokenizer on both sides of the training pairs; every rank gets its JSON by broadcast."""
     tok_json = train_tokenizer(args.tokenizer, train[0] + train[1], args.vocab_size).to_str() if info.is_main else None
     return broadcast_object(tok_json)
 
@@ -304,14 +276,12 @@ def decode(tok, ids: list[list[int]]) -> list[str]:
     return tok.decode_batch(ids, skip_special_tokens=True)
 
 
-# Every character some tool ends a line at: `wc -l` and most Unix tools count "\n" only, str.splitlines() (and
-# so any Python reader) splits at all of these, editors and other readers at some. A byte-level BPE can emit any
-# of them, so one in a hypothesis would add a line for some readers and misalign every pair after it.
+# every character some reader ends a line at (str.splitlines() splits at all): a byte-level BPE can emit any, and
+# one in a hypothesis would misalign every line after it
 LINE_BREAKS = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]+")
 
 
 def one_line(text: str) -> str:
-    """`text` with each run of line-break characters replaced by one space: one line for every reader."""
     return LINE_BREAKS.sub(" ", text)
 
 
@@ -320,14 +290,8 @@ def tokenizers_done_forking() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-# ------------------------------------------------------------------ batches
-
-
 class ParallelDataset(Dataset):
-    """Pair i as two int64 tensors: source `ids + </s>` and target `<s> + ids + </s>`.
-
-    Made once up front, so that collating a batch is two calls into C++ (no Python loop per token).
-    """
+    """Pair i as two int64 tensors, source `ids + </s>` and target `<s> + ids + </s>`, made once up front."""
 
     def __init__(self, src: list[list[int]], tgt: list[list[int]]):
         self.src = [torch.tensor(s + [EOS]) for s in src]
@@ -340,7 +304,7 @@ class ParallelDataset(Dataset):
         return self.src[i], self.tgt[i]
 
     def __getstate__(self) -> dict:
-        # To a DataLoader worker (started by a fork server) as two flat arrays, not one tensor per sentence.
+        # to a DataLoader worker as two flat arrays, not one tensor per sentence
         return {k: (torch.cat(v).numpy(), [len(t) for t in v]) for k, v in vars(self).items()}
 
     def __setstate__(self, state: dict) -> None:
@@ -349,27 +313,19 @@ class ParallelDataset(Dataset):
 
 
 def pad_batch(seqs: list[list[int]]) -> torch.Tensor:
-    """(B, max len) int64, right-padded with <pad>."""
     return pad_sequence([torch.tensor(s) for s in seqs], batch_first=True, padding_value=PAD)
 
 
 def collate(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> src (B, S); tgt_in (B, T) = <s> ids; tgt_out (B, T) = ids </s>, all right-padded.
-
-    The decoder reads tgt[:, :-1] and predicts tgt[:, 1:]. In a row shorter than the longest, tgt_in
-    also holds its </s>, but only at a position whose target is <pad> (no loss), and the causal mask
-    keeps it from every earlier position.
-    """
+    """-> src (B, S), tgt_in (B, T) = <s> ids, tgt_out (B, T) = ids </s>, right-padded. A short row's tgt_in also
+    holds its </s>, but where the target is <pad> (no loss), and the causal mask hides it from earlier positions."""
     src = pad_sequence([s for s, _ in pairs], batch_first=True, padding_value=PAD)
     tgt = pad_sequence([t for _, t in pairs], batch_first=True, padding_value=PAD)
     return src, tgt[:, :-1], tgt[:, 1:]
 
 
 def token_batches(order: list[int], lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Cut `order` into consecutive batches whose padded size (count x longest) stays <= max_tokens.
-
-    An example longer than max_tokens gets a batch of its own.
-    """
+    """Cut `order` into consecutive batches whose padded size (count x longest) stays <= max_tokens (or of one)."""
     batches: list[list[int]] = []
     cur: list[int] = []
     longest = 0
@@ -386,8 +342,7 @@ def token_batches(order: list[int], lengths: list[int], max_tokens: int) -> list
 
 
 def pack_rows(src_lens: list[int], tgt_lens: list[int], capacity: int) -> list[int]:
-    """Cut a sequence of pairs into rows, in order: a row takes the next pair while both its source and its target
-    side stay within `capacity` tokens. Returns how many pairs each row holds."""
+    """How many pairs each row takes, in order, while both its sides stay within `capacity` tokens."""
     sizes, n, s_sum, t_sum = [], 0, 0, 0
     for s, t in zip(src_lens, tgt_lens):
         if n and (s_sum + s > capacity or t_sum + t > capacity):
@@ -398,12 +353,8 @@ def pack_rows(src_lens: list[int], tgt_lens: list[int], capacity: int) -> list[i
 
 
 class PackedRows(Dataset):
-    """Rows of sentence pairs packed end to end: dataset[list of pair indices] -> one row of `pack_len` tokens,
-    (src, tgt_in, tgt_out, src_doc, tgt_doc), each (pack_len,) int64.
-
-    Pair k of the row is document k on both sides. After the last pair comes the row's tail (<pad> tokens, no
-    loss), itself one more document on each side, never empty: rows hold at most pack_len - 1 tokens per side.
-    """
+    """dataset[list of pair indices] -> one row (src, tgt_in, tgt_out, src_doc, tgt_doc), each (pack_len,) int64.
+    Pair k is document k on both sides; the tail (<pad>, no loss) is one more document, never empty."""
 
     def __init__(self, pairs: ParallelDataset, pack_len: int):
         self.pairs, self.pack_len = pairs, pack_len
@@ -423,27 +374,15 @@ class PackedRows(Dataset):
 
 
 class PackedBatchSampler(Sampler):
-    """Packed rows for DDP: yields, per micro-batch, `rows` rows (each a list of pair indices; see PackedRows).
+    """Packed rows for DDP: yields, per micro-batch, `rows` rows (lists of pair indices; see PackedRows).
 
-    Once, from the seed: a random order of the pairs is packed into rows of at most pack_len - 1 tokens per side
-    (pack_rows), and each row position keeps the (source, target) lengths of the pair it got: the layout. Rows of
-    randomly mixed lengths fill both sides alike (over 97% real tokens for Multi30k-like lengths; rows of sorted
-    lengths, bound by the longer side, filled 85%). Then, on every rank alike:
-      1. epoch e's rows, from (seed, e) only: the pairs of equal (source, target) lengths trade places at random, so
-         each position of the layout gets a pair of its lengths (the rows are the same size every epoch and hold
-         different sentences), and the rows are shuffled;
-      2. the epochs' rows, end to end, are dealt out in order: `rows` to a micro-batch, world_size x accum
-         micro-batches to an optimizer step, rank r taking micro-batches r*accum ... r*accum+accum-1. An epoch's
-         last step is topped up with the first rows of the next epoch, and only the run's last step (at `epochs`)
-         with empty rows: every step is full, every rank does the same number of steps (no DDP hang), and every
-         pair comes once per epoch's rows. Epoch e holds the steps that end in its rows: steps_before(e) to
-         steps_before(e + 1), the same number on every rank (their count varies by one from epoch to epoch).
-    Every micro-batch has the same shape (rows x pack_len) and about the same number of real tokens, so compiled
-    code and CUDA graphs are built once, and DDP ranks finish their steps together.
-    The rows are cut once, so an epoch boundary costs milliseconds. `set_epoch(e, skip=k)` skips this rank's
-    first k micro-batches, to resume mid-epoch; `set_epoch(e, until=n)` then deals the epochs after e too, up to
-    n: one DataLoader iterator then serves the whole run, so its workers never restart at an epoch boundary.
-    """
+    Once, from the seed, a random order of the pairs is packed into rows (the layout: each position keeps its pair's
+    lengths). Epoch e, from (seed, e) only, swaps pairs of equal lengths at random (same row sizes, other sentences)
+    and shuffles the rows. The epochs' rows are dealt end to end: `rows` to a micro-batch, world_size x accum
+    micro-batches to a step, rank r taking r*accum ... r*accum+accum-1; an epoch's last step is topped up from the
+    next epoch (the run's last with empty rows). So every step has one shape and every rank as many steps (no DDP
+    hang). `set_epoch(e, skip=k)` skips this rank's first k micro-batches; `until=n` deals on to epoch n, so that
+    one DataLoader iterator serves the whole run."""
 
     def __init__(
         self,
@@ -464,7 +403,7 @@ class PackedBatchSampler(Sampler):
         self.rank, self.world, self.seed, self.accum, self.rows = rank, world_size, seed, accum, rows
         self.group = world_size * accum  # micro-batches per optimizer step, all ranks together
         self.per_step = rows * self.group  # rows per optimizer step, all ranks together
-        self.epochs = epochs  # the end of the data: the last step is topped up with empty rows (None: no end)
+        self.epochs = epochs  # the end of the data (None: no end)
         top = int(longer.max()) + 1
         self.key = (longer * top + self.tgt_lens) * top + self.src_lens
         layout = torch.randperm(len(self.key), generator=torch.Generator().manual_seed(mix_seed(seed, 54321)))
@@ -480,14 +419,14 @@ class PackedBatchSampler(Sampler):
         self.set_epoch(0)
 
     def steps_before(self, epoch: int) -> int:
-        """Optimizer steps of the epochs before `epoch`: epoch e's last step is the one that deals its last row."""
+        """Optimizer steps of the epochs before `epoch` (an epoch's last step deals its last row)."""
         return -(-epoch * self.n_rows // self.per_step)
 
     def steps_in(self, epoch: int) -> int:
         return self.steps_before(epoch + 1) - self.steps_before(epoch)
 
     def epoch_rows(self, epoch: int) -> tuple[list[list[int]], list[int]]:
-        """Epoch `epoch`'s rows in the order they are dealt, and the target tokens of each: from (seed, epoch)."""
+        """Epoch `epoch`'s rows in dealing order, and the target tokens of each."""
         if epoch not in self._rows:
             g = torch.Generator().manual_seed(mix_seed(self.seed, epoch))
             perm = torch.randperm(len(self.key), generator=g)
@@ -502,8 +441,8 @@ class PackedBatchSampler(Sampler):
         return self._rows[epoch]
 
     def plan(self, epoch: int) -> tuple[list[list[list[list[int]]]], list[int]]:
-        """The epoch as a list of optimizer steps, each a list of world_size x accum micro-batches of `rows` rows,
-        and the target tokens of each step (all its rows together). Kept for the epoch before it, still training."""
+        """The epoch's optimizer steps (each world_size x accum micro-batches of `rows` rows) and each step's target
+        tokens; the previous epoch's plan is kept too."""
         if epoch in self._plans:
             return self._plans[epoch]
         rows, tokens = [], []
@@ -521,12 +460,10 @@ class PackedBatchSampler(Sampler):
         return self._plans[epoch]
 
     def set_epoch(self, epoch: int, skip: int = 0, until: int | None = None) -> None:
-        """Deal epoch `epoch` from this rank's micro-batch `skip` on, then the epochs before `until` (default none)."""
         self.epoch, self.skip, self.until = epoch, skip, max(until or 0, epoch + 1)
 
     def step_tokens(self, epoch: int | None = None) -> list[int]:
-        """Target tokens (with </s>) of each optimizer step of an epoch (default: the one set), over all ranks:
-        the loss divisor."""
+        """Target tokens of each step of an epoch (default: the one set), all ranks together: the loss divisor."""
         return self.plan(self.epoch if epoch is None else epoch)[1]
 
     def rank_batches(self, epoch: int | None = None) -> list[list[list[int]]]:

@@ -1,20 +1,9 @@
-"""An encoder-decoder Transformer for translation, written out block by block.
+"""An encoder-decoder Transformer for translation: pre-norm, sinusoidal positions, one embedding matrix for source,
+target and output. B batch, S source length, T target length, D width, H heads, V vocabulary.
 
-    src (B, S) --embed--> Encoder: N x [self-attention, feed-forward] --> memory (B, S, D)
-    tgt (B, T) --embed--> Decoder: N x [causal self-attention, cross-attention to memory, feed-forward]
-               --> logits (B, T, V), through the (shared) embedding matrix
-
-Pre-norm (LayerNorm before each sub-layer, as in most modern Transformers: stable without a long
-warmup), sinusoidal positions, one embedding matrix for source, target and output (the vocabulary
-is joint). B batch, S source length, T target length, D model width, H heads, V vocabulary.
-
-Two kinds of batch run through the same weights:
-  - packed (training): rows of many sentences end to end, with a document id per token. Each token's
-    position counts from the start of its own sentence, and `document_masks` keeps every sentence to itself:
-    FlexAttention block masks on GPUs (the kernels skip the blocks the mask rules out), the same mask
-    functions evaluated into dense boolean masks for F.scaled_dot_product_attention elsewhere;
-  - padded (evaluation and decoding): one sentence per row, right-padded, through SDPA's flash kernels.
-"""
+Packed training rows carry a document id per token: positions count from each sentence's start, and
+``document_masks`` keeps every sentence to itself (FlexAttention block masks on GPUs, dense masks for SDPA
+elsewhere). Padded batches (evaluation, decoding) hold one sentence per row."""
 
 from __future__ import annotations
 
@@ -51,34 +40,23 @@ PRESETS = {
 
 
 def allow_cudnn_attention(allow: bool) -> None:
-    """Whether F.scaled_dot_product_attention may use cuDNN's fused attention (flash and memory-efficient
-    kernels remain). PyTorch picks cuDNN first on H100, but every new input shape costs it a new execution plan,
-    and evaluation's length-sorted batches and step-by-step decoding bring new shapes all the time. Off by
-    default in train.py (training itself runs FlexAttention) and translate.py."""
+    """Whether SDPA may use cuDNN attention: PyTorch's first pick on H100, but each new input shape costs it a new
+    plan, and evaluation and decoding bring new shapes all the time."""
     torch.backends.cuda.enable_cudnn_sdp(allow)
 
 
-# ------------------------------------------------------------------ document masks (packed rows)
-
-# FlexAttention and the compiler are imported on first use, by GPU training on packed rows: at import time they
-# would cost every process seconds of CPU start-up, for nothing in CPU training, evaluation and translate.py.
+# FlexAttention is imported on first use (GPU training on packed rows): at import it costs seconds of start-up.
 
 
 @functools.cache
 def compiled(fn):
-    """torch.compile(fn) for an eager model on a GPU, made once. Inside a compiled model (torch.compiler.is_compiling)
-    the plain function is called instead: the model's compiler traces it into its own graph."""
+    """torch.compile(fn) for an eager model on a GPU, made once (a compiled model traces the plain function)."""
     return torch.compile(fn, dynamic=False)
 
 
 def document_masks(src_doc, tgt_doc, dense: bool | None = None) -> tuple:
-    """The three attention masks of a packed batch, from the document id of every token (B, S) and (B, T).
-
-    A row's tail (after its last sentence) is one more document on each side, so every query has a key.
-    Returns (encoder self-attention, decoder self-attention, cross-attention) masks: BlockMasks for
-    FlexAttention on GPUs, dense (B, 1, Lq, Lkv) boolean masks for SDPA elsewhere (FlexAttention has no CPU
-    backward), or as `dense` says. Both come from the same mask functions below.
-    """
+    """(encoder, decoder, cross-attention) masks of a packed batch from its document ids (B, S) and (B, T):
+    BlockMasks on GPUs, dense (B, 1, Lq, Lkv) masks elsewhere (FlexAttention has no CPU backward), or as `dense`."""
 
     def within_document(b, h, q, kv):  # encoder: a source token sees its own sentence
         return src_doc[b, q] == src_doc[b, kv]
@@ -98,8 +76,7 @@ def document_masks(src_doc, tgt_doc, dense: bool | None = None) -> tuple:
 
 
 def block_mask(mask_mod, q_doc, kv_doc):
-    """FlexAttention's block-sparse form of mask_mod (a BlockMask): 128 x 128 blocks, skipped where no pair may
-    attend."""
+    """FlexAttention's block-sparse form of mask_mod: 128 x 128 blocks, skipped where no pair may attend."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     B, Lq, Lkv = q_doc.shape[0], q_doc.shape[1], kv_doc.shape[1]
@@ -118,18 +95,15 @@ def padding_mask(src):  # a padded batch (B, S) -> (B, 1, 1, S), True at real to
 
 
 def positions_in_documents(doc):
-    """(B, L) document ids -> each token's position inside its own document (0 at every document's start)."""
+    """(B, L) document ids -> each token's position inside its own document."""
     idx = torch.arange(doc.shape[1], device=doc.device).expand_as(doc)
     starts = F.pad(doc[:, 1:] != doc[:, :-1], (1, 0), value=True)
     return idx - torch.where(starts, idx, 0).cummax(1).values
 
 
 class Attention(nn.Module):
-    """Multi-head attention. Self-attention when `memory` is None, else cross-attention to it.
-
-    No dropout on the attention probabilities: FlexAttention has none, and the packed rows train with
-    FlexAttention (dropout stays on the embeddings, the residual branches and inside the feed-forward).
-    """
+    """Multi-head self-attention, or cross-attention to `memory`. No dropout on the attention probabilities:
+    FlexAttention, which trains the packed rows, has none."""
 
     def __init__(self, d_model: int, n_heads: int):
         super().__init__()
@@ -140,8 +114,7 @@ class Attention(nn.Module):
         self.out = nn.Linear(d_model, d_model)
 
     def forward(self, x, memory=None, mask=None, causal: bool = False):
-        # x (B, T, D); memory (B, S, D); mask: a BlockMask (packed rows, GPU), or a bool tensor broadcastable to
-        # (B, H, T, S) with True = may attend (padded batches: (B, 1, 1, S), padding keys False)
+        # mask: a BlockMask, or a bool tensor broadcastable to (B, H, T, S), True where a query may attend
         B, T, D = x.shape
         memory = x if memory is None else memory
         S, H = memory.shape[1], self.n_heads
@@ -188,15 +161,13 @@ class DecoderLayer(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x, memory, cross_mask, self_mask=None):  # x (B, T, D), memory (B, S, D)
-        # A padded batch needs the causal mask only (self_mask None): padding is on the right, so a real position
-        # t only ever sees positions <= t, which are all real, and SDPA can use the flash kernel.
+        # a padded batch needs the causal mask only (self_mask None): padding is on the right
         x = x + self.drop(self.self_attn(self.norm1(x), mask=self_mask, causal=self_mask is None))
         x = x + self.drop(self.cross_attn(self.norm2(x), memory, mask=cross_mask))
         return x + self.drop(self.ff(self.norm3(x)))
 
 
 def sinusoids(length: int, d_model: int) -> torch.Tensor:
-    """(length, d_model) fixed positional encodings of Vaswani et al."""
     pos = torch.arange(length, dtype=torch.float32)[:, None]
     freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
     pe = torch.zeros(length, d_model)
@@ -232,15 +203,14 @@ class Transformer(nn.Module):
         return self.drop(self.embed(ids) * math.sqrt(self.cfg.d_model) + pe)
 
     def encode(self, src, mask, pos=None):
-        """src (B, S) -> memory (B, S, D). mask: padding_mask(src), or document_masks(...)[0] for packed rows."""
+        """src (B, S) -> memory (B, S, D)."""
         x = self.embed_tokens(src, pos)
         for layer in self.encoder:
             x = layer(x, mask)
         return self.enc_norm(x)
 
     def decode(self, tgt_in, memory, cross_mask, self_mask=None, pos=None, last_only: bool = False):
-        """tgt_in (B, T) -> logits (B, T, V) for the next token at every position ((B, 1, V) if last_only).
-        Padded batches: cross_mask = padding_mask(src), self_mask None (causal)."""
+        """tgt_in (B, T) -> next-token logits (B, T, V), or (B, 1, V) if last_only."""
         x = self.embed_tokens(tgt_in, pos)
         for layer in self.decoder:
             x = layer(x, memory, cross_mask, self_mask)
@@ -248,31 +218,23 @@ class Transformer(nn.Module):
         return F.linear(x, self.embed.weight)  # tied output layer
 
     def forward(self, src, tgt_in, src_doc=None, tgt_doc=None, dense: bool | None = None):
-        """(B, S), (B, T) -> logits (B, T, V): a padded batch of one sentence pair per row, or packed rows when the
-        document ids (B, S) and (B, T) are given (`dense`: see document_masks)."""
+        """(B, S), (B, T) -> logits (B, T, V): a padded batch, or packed rows when document ids are given."""
         if src_doc is None:
             src_mask = padding_mask(src)
             return self.decode(tgt_in, self.encode(src, src_mask), src_mask)
         masks = document_masks
         if src_doc.is_cuda and dense is None and not torch.compiler.is_compiling():
-            # compiled: built eagerly, the three block masks cost more than a step's attention (BENCHMARKS.md)
+            # built eagerly, the three block masks cost more than a step's attention
             masks = compiled(document_masks)
         enc_mask, dec_mask, cross_mask = masks(src_doc, tgt_doc, dense)
         memory = self.encode(src, enc_mask, positions_in_documents(src_doc))
         return self.decode(tgt_in, memory, cross_mask, dec_mask, positions_in_documents(tgt_doc))
 
 
-# ------------------------------------------------------------------ decoding (validation and translate.py)
-
-
 @torch.no_grad()
 def generate(model: Transformer, src: torch.Tensor, beam: int = 1, max_len: int | None = None) -> list[list[int]]:
-    """Translate a padded batch src (B, S) -> B lists of token ids (without <s>, </s> and <pad>).
-
-    Greedy with beam=1, else beam search with length-normalized final scores. Each step re-runs the
-    decoder over the prefix (no key/value cache: simpler, and cheap for sentence-length outputs);
-    the causal mask makes that equal to incremental decoding.
-    """
+    """Translate a padded batch src (B, S) -> B lists of token ids: greedy, or beam search with length-normalized
+    scores. Each step re-runs the decoder over the prefix (no key/value cache: simpler, cheap for sentences)."""
     B = src.shape[0]
     max_len = min(max_len or int(1.5 * src.shape[1]) + 10, model.cfg.max_positions - 1)
     src_mask = padding_mask(src)
