@@ -86,7 +86,7 @@ def check_args(args: argparse.Namespace) -> None:
         need(getattr(args, attr) >= 0, flag, getattr(args, attr), "must be 0 or more", "0: none")
     need(finite(args.clip_grad) and args.clip_grad >= 0, "--clip-grad", args.clip_grad, "must be >= 0", "0: off")
     need(args.dropout is None or 0 <= args.dropout < 1, "--dropout", args.dropout, "must be in [0, 1)", "e.g. 0.1")
-    width, heads = args.d_model or PRESETS[args.preset]["d_model"], args.heads or PRESETS[args.preset]["n_heads"]
     need(not (args.fsdp and args.amp == "fp16"), "--amp", "fp16", "does not work with --fsdp", "use --amp bf16")
     need(not (args.fsdp and args.keep_last), "--keep-last", args.keep_last, "does not work with --fsdp", "0 with it")
+    width, heads = args.d_model or PRESETS[args.preset]["d_model"], args.heads or PRESETS[args.preset]["n_heads"]
     need(width % heads == 0, "--heads", heads, f"does not divide the width {width}", "pick a divisor of --d-model")
