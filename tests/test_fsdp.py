@@ -131,6 +131,8 @@ def test_ddp_checkpoint_starts_fsdp_and_translate_reads_best_pt(ddp, fsdp, tmp_p
     assert best["model"].keys() == whole.keys() and all(torch.equal(v, whole[k]) for k, v in best["model"].items())
     lines = run([PY, TRANSLATE, "--checkpoint", fsdp / "best.pt", "suta mine susu", "", "kaka mine"]).stdout
     assert len(lines.split("\n")) == 4 and lines.split("\n")[1] == "", lines
+    p = run([PY, TRANSLATE, "--checkpoint", fsdp / "last.pt", "kaka"], check=False)  # no weights in it: one line
+    assert p.returncode == 2 and p.stderr.strip().endswith("whose weights are in shards: give its best.pt"), p.stderr
     import transformer.train as train
 
     monkeypatch.setattr(sys, "argv", [TRAIN, *ARGS[1:], "--resume", str(fsdp / "last.pt"), "--output-dir", str(out)])

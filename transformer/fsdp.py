@@ -2,7 +2,8 @@
 
 Under DDP every rank holds the whole model, its gradients and Adam's two moments: 16 bytes a parameter. FSDP2
 (`fully_shard`) keeps 1/N of each on each of N ranks, and gathers one layer's weights just before its forward and
-backward. Imported only with --fsdp: torch.distributed.checkpoint is slow to import.
+backward. torch.distributed.fsdp and .checkpoint are imported where used: only --fsdp needs them, and they import
+slowly.
 
 A checkpoint is two things: `last.pt` (or `best.pt`), the small file of everything but the weights and optimizer
 state, in the schema of every other run (common/checkpoint.py), naming `last.<step>-<tag>.dcp/`, the directory of
@@ -16,27 +17,25 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
-)
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from common.checkpoint import save_checkpoint, strip_prefixes
 from common.distributed import broadcast_object, is_dist
 from common.errors import UserError
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 
 def shard(model: torch.nn.Module, dtype: torch.dtype | None) -> torch.nn.Module:
     """Each encoder and decoder layer one unit (its weights gathered for its forward and backward, then freed), the
     embedding and final norms the root's. Under bf16 the weights are gathered and used in bf16, the gradients
     reduced in fp32; the fp32 master copy stays sharded."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     if not is_dist() or dist.get_world_size() == 1:
         raise UserError("--fsdp needs 2 or more processes (torchrun --nproc_per_node=N ...)")
     for t in model.state_dict().values():  # every rank starts from rank 0's initialization, as DDP does
@@ -64,6 +63,8 @@ def whole_weights(model: FSDPModule):
     forward may wait for the others. Gathered once, in the same order everywhere; the gradients and optimizer
     state stay sharded. Decoding calls the layers without the root's forward, which is fine once the root has run
     forward (evaluate() computes the loss first)."""
+    from torch.distributed.fsdp import FSDPModule
+
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]  # the root first
     for m in units:
         m.unshard()
@@ -82,6 +83,9 @@ def save(state: dict, model, optimizer, path: Path, whole: bool) -> None:
     `path` (``state`` without the tensors, naming the shards) atomically, then removes the older shards and
     temporaries. A kill at any moment leaves the previous checkpoint whole. ``whole``: `path` also holds the whole
     model for translate.py, gathered tensor by tensor into rank 0's host memory."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
+
     tag = broadcast_object(f"{state['step']:08d}-{time.time_ns():x}")  # one name on every rank
     tmp, final = path.with_name(f".{path.stem}.{tag}.dcp"), path.with_name(f"{path.stem}.{tag}.dcp")
     model_state, optim_state = get_state_dict(model, optimizer)
@@ -99,6 +103,9 @@ def save(state: dict, model, optimizer, path: Path, whole: bool) -> None:
 def load(path: Path, ckpt: dict, model, optimizer) -> None:
     """The weights and optimizer state of ``ckpt`` into the sharded model and optimizer: an FSDP checkpoint's shards
     (resharded to this number of ranks), or a single-file checkpoint of a DDP run (every rank keeps its part)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
     try:
         if "shards" in ckpt:
             if not (path.parent / ckpt["shards"]).is_dir():

@@ -19,7 +19,6 @@ import argparse
 import contextlib
 import functools
 import gc
-import importlib
 import os
 import sys
 import time
@@ -59,6 +58,7 @@ from common.metrics import LossWindow, MetricsLogger, Progress, prepare_output_d
 from common.utils import StopSignal, amp_dtype, autocast, check_finite_loss, count_params, param_groups
 from common.watchdog import CHECKPOINT, EVAL_STEP, Watchdog
 
+from . import fsdp
 from .config import check_args, get_args_parser
 from .data import (
     PAD,
@@ -262,7 +262,7 @@ def main(args: argparse.Namespace) -> None:
     seed_everything(args.seed, info.rank)
     out = prepare_output_dir(args.output_dir)
     r = SimpleNamespace(args=args, info=info, out=out, dtype=amp_dtype(args.amp, device), stopped=False)
-    r.fsdp = importlib.import_module(".fsdp", __package__) if args.fsdp else None  # FSDP2 and its checkpoints
+    r.fsdp = fsdp if args.fsdp else None  # FSDP2 and its checkpoints (transformer/fsdp.py)
     allow_cudnn_attention(args.cudnn_attention)  # off by default: see allow_cudnn_attention
 
     # ---- resume: read the checkpoint first, its tokenizer decides how text becomes ids

@@ -77,6 +77,8 @@ def main(args: argparse.Namespace) -> None:
     ckpt = load_checkpoint(args.checkpoint)  # weights_only: a foreign file cannot run code
     if "tokenizer" not in ckpt or "model_config" not in ckpt:
         raise UserError(f"{args.checkpoint} is not a transformer/train.py checkpoint (no tokenizer or model config)")
+    if "shards" in ckpt and not ckpt["model"]:
+        raise UserError(f"{args.checkpoint} is an --fsdp run's last.pt, whose weights are in shards: give its best.pt")
     tok = Tokenizer.from_str(ckpt["tokenizer"])
     model = Transformer(ModelConfig(**ckpt["model_config"]))
     load_model_state(model, ckpt["model"], args.checkpoint)
