@@ -2,6 +2,8 @@
 
     python bench/chaos.py cifar --faults 50 --seed 0 --budget-s 450 --log docs/runs/chaos_cifar_seed0_16cpu.jsonl
 
+transformer-fsdp: the transformer's run with --fsdp (sharded checkpoints through torch.distributed.checkpoint).
+
 A fault is one of: SIGKILL of a rank, SIGKILL of rank 0 in the middle of a checkpoint write, SIGKILL or SIGTERM of
 the torchrun agent, SIGSTOP then SIGCONT of a rank. Each follows a new checkpoint by a random number of steps, and
 each is followed by the same command again, until the run ends; then a new run starts. An ending is bit-identical
@@ -56,7 +58,8 @@ def script_cmd(name: str, data: Path, out: Path) -> list[str]:
                 "--save-every-steps", "2", "--seed", "5", *common]  # fmt: skip
     return ["transformer/train.py", "--data", str(data), "--lang-src", "de", "--lang-tgt", "en", "--preset", "tiny",
             "--dropout", "0.1", "--vocab-size", "200", "--max-tokens", "256", "--accum-steps", "2", "--epochs", "6",
-            "--lr", "1e-3", "--warmup-steps", "5", "-p", "2", "--save-every-steps", "3", *common]  # fmt: skip
+            "--lr", "1e-3", "--warmup-steps", "5", "-p", "2", "--save-every-steps", "3", *common,
+            *(["--fsdp"] if name == "transformer-fsdp" else [])]  # fmt: skip
 
 
 def make_data(name: str, root: Path) -> Path:
@@ -111,8 +114,8 @@ def step_of(out: Path, seen: dict = {}) -> int:  # noqa: B006  (a cache: a check
         return 0
 
 
-def writing(out: Path) -> bool:
-    return any(n.startswith(".last.pt.") and n.endswith(".tmp") for n in os.listdir(out))
+def writing(out: Path) -> bool:  # a temporary file of last.pt, or --fsdp's temporary directory of shards
+    return any(n.startswith(".last.") and n.endswith((".tmp", ".dcp")) for n in os.listdir(out))
 
 
 def launch(cmd: list[str], log) -> subprocess.Popen:
@@ -149,8 +152,18 @@ def inject(kind: str, proc: subprocess.Popen, out: Path, rng: random.Random, tar
     return True, ranks
 
 
+def checkpoint(out: Path) -> dict:  # last.pt, with the weights and optimizer state of its shards under --fsdp
+    ckpt = torch.load(out / "last.pt", weights_only=True)
+    if "shards" in ckpt:
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        dcp_to_torch_save(out / ckpt["shards"], out / "whole.pt")
+        ckpt.update(torch.load(out / "whole.pt", weights_only=True))
+    return ckpt
+
+
 def compare(ref: Path, out: Path) -> dict[str, bool]:
-    a, b = (torch.load(d / "last.pt", weights_only=True) for d in (ref, out))
+    a, b = (checkpoint(d) for d in (ref, out))
     keys = [k for k in a if isinstance(a[k], torch.Tensor) or k in ("model", "optimizer", "scheduler", "ema",
             "epoch", "step", "batch_in_epoch", "best_metric", "eval_step")]  # fmt: skip
     recs = [[json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()] for d in (ref, out)]
@@ -170,7 +183,7 @@ def same(x, y) -> bool:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("script", choices=["cifar", "transformer", "imagenet"])
+    p.add_argument("script", choices=["cifar", "transformer", "transformer-fsdp", "imagenet"])
     p.add_argument("--faults", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", type=Path, default=Path("/tmp/chaos"))

@@ -57,8 +57,8 @@ def jpeg(what: str, key: str = "img_per_s"):  # a row of the one bench run of ev
 def eff(many: float, one: float, n: int) -> float: return 100 * many / (n * one)  # per-GPU weak-scaling efficiency, %
 def ms(values: list) -> tuple[float, float]: return mean(values), stdev(values)
 def chaos(script: str) -> tuple:  # bench/chaos.py's runs of a script, summed: survived/thrown per kind, endings alike
-    lines = [json.loads(x) for p in sorted(RUNS.glob(f"chaos_{script}_*16cpu.jsonl")) for x in text(p.name).splitlines()]
-    runs = first(f"chaos_{script}_*16cpu.jsonl", "summary", [[r["summary"] for r in lines if "summary" in r]])
+    lines = [json.loads(x) for p in sorted(RUNS.glob(f"chaos_{script}_*cpu.jsonl")) for x in text(p.name).splitlines()]
+    runs = first(f"chaos_{script}_*cpu.jsonl", "summary", [[r["summary"] for r in lines if "summary" in r]])
     add = lambda key, kind="": sum(r[key][kind] if kind else r[key] for r in runs)  # noqa: E731
     kinds = [f"{add('survived', k)}/{add('thrown', k)}" for k in runs[0]["thrown"]]
     kinds[3] += f" ({sum(r['saved_exit_75'] for r in lines if r.get('fault') == 'term agent')} saved)"  # exit 75 after a save
@@ -168,7 +168,7 @@ def figures() -> list[tuple]:
         (IN, "about {:.0f} min, estimated", 90 * 1281167 / (4 * js["gpu_decode2"]) / 60), (IN, "about {:.1f} h, estimated", 90 * 1281167 / (8 * ji["ex"]) / 3600),
         (IN, "{:,.0f} img/s,\n{:.1f}% of `--dummy`", ji["tg"], 100 * ji["tg"] / ji["dg"]),
         # BENCHMARKS.md, random faults (bench/chaos.py)
-        *[chaos(s) for s in ("cifar", "transformer", "imagenet")],
+        *[chaos(s) for s in ("cifar", "transformer", "transformer-fsdp", "imagenet")],
         # BENCHMARKS.md, process start-up: CPU time with gc on, then off during the imports and frozen
         *[(B, "| {:.2f} s | {:.2f} s | {:.0f}% | {:.0f} / {:.1f} ms |", on["cpu_median_s"], off["cpu_median_s"], 100 * (1 - off["cpu_median_s"] / on["cpu_median_s"]), on["collect_ms_median"], off["collect_ms_median"])
           for on, off in ((st[s, "gc on"], st[s, "gc off, frozen"]) for s in ("cifar_resnet", "imagenet", "transformer"))],
