@@ -28,8 +28,9 @@ from torch.profiler import record_function
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
 from common.distributed import mix_seed
-from imagenet.crop_resize import crop_resize
-from imagenet.data import MEAN, STD
+
+from .crop_resize import crop_resize
+from .data import MEAN, STD
 
 Box = tuple[int, int, int, int, bool]  # top, left, height, width, flip
 Batch = tuple[torch.Tensor | None, torch.Tensor | None, list[str]]  # x, y, bad: as imagenet/train.py's collate

@@ -83,18 +83,17 @@ def make_it_yours(doc: str) -> list[str]:
 @pytest.mark.parametrize("doc", ["cifar_resnet/README.md", "imagenet/README.md"])
 def test_copy_as_template_runs_unchanged(tmp_path, doc):
     """Each workload README's copy instruction, run as written (the copy lands in tmp_path): the copy runs with nothing
-    of this repo on the path, the fork server's guard (the workers' death signal) imports there, and the CIFAR folder
-    runs under another name. ImageNet's runs --gpu-decode, whose CPU fallback needs every file of the folder."""
+    of this repo on the path, under another folder name, and the fork server's guard (the workers' death signal)
+    imports there. ImageNet's runs --gpu-decode, whose CPU fallback needs every file of the folder."""
     folder, proj = doc.split("/")[0], tmp_path / "my_project"
     copy, go = make_it_yours(doc)
     assert go.startswith("cd ../my_project && "), go
     run(["bash", "-c", copy.replace("../my_project", str(proj))])
     assert sorted(p.name for p in proj.iterdir()) == sorted(["common", folder])
     go = go.removeprefix("cd ../my_project && ").replace("python ", f"{PY} ", 1)
-    if folder == "cifar_resnet":  # any folder name works
-        (proj / folder).rename(proj / "my_cifar")
-        go = go.replace(f"{folder}/train.py", "my_cifar/train.py")
-    else:
+    (proj / folder).rename(proj / "mine")  # any folder name works
+    go = go.replace(f"{folder}/train.py", "mine/train.py")
+    if folder == "imagenet":
         data = make_jpeg_imagefolder(tmp_path / "imgs", {"train": 12, "val": 6}, classes=3)
         go = go.replace("/path/to/imagefolder", str(data))
     p = run(["bash", "-c", go], cwd=proj)
@@ -103,6 +102,19 @@ def test_copy_as_template_runs_unchanged(tmp_path, doc):
     check = "import importlib, multiprocessing.forkserver as f; from common.data import worker_context; "
     check += "worker_context(1); [importlib.import_module(m) for m in f._forkserver._preload_modules]; print('ok')"
     assert run([PY, "-c", check], cwd=proj).stdout.strip().endswith("ok")
+
+
+def test_transformer_copy_runs_under_another_name(tmp_path):
+    """common/ and transformer/ copied, the folder renamed: train.py under torchrun with a DataLoader worker per
+    rank, then translate.py on its checkpoint."""
+    proj = tmp_path / "my_project"
+    for folder, name in (("common", "common"), ("transformer", "my_translator")):
+        shutil.copytree(REPO / folder, proj / name, ignore=shutil.ignore_patterns("__pycache__", "README.md"))
+    run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "my_translator/train.py",
+         "--synthetic", "--preset", "tiny", "--max-tokens", "512", "--max-steps", "2", "--eval-every", "0", "-j", "1",
+         "--output-dir", "out"], cwd=proj)  # fmt: skip
+    out = run([PY, "my_translator/translate.py", "--checkpoint", "out/last.pt", "kaka mine"], cwd=proj).stdout
+    assert len(out.splitlines()) == 1, out
 
 
 def test_plot_metrics_renders_png(quickstart, tmp_path):

@@ -16,7 +16,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from common.utils import autocast
-from transformer.data import BOS, EOS, PAD, pad_batch, token_batches
+
+from .data import BOS, EOS, PAD, pad_batch, token_batches
 
 
 @dataclass

@@ -25,13 +25,16 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # find common/ when run as a script
+if not __package__:  # run as a script: import this folder as a package, whatever it is called, and find common/
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    __package__ = Path(__file__).resolve().parent.name
 from common.checkpoint import atomic_write, load_checkpoint, load_model_state
 from common.checks import check_positive_ints, need
 from common.errors import UserError, run_cli
 from common.utils import amp_dtype
-from transformer.data import decode, encode, one_line, read_lines
-from transformer.model import ModelConfig, Transformer, allow_cudnn_attention, translate_ids
+
+from .data import decode, encode, one_line, read_lines
+from .model import ModelConfig, Transformer, allow_cudnn_attention, translate_ids
 
 
 def get_args_parser() -> argparse.ArgumentParser:
