@@ -30,21 +30,32 @@ if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule
 
 
-def shard(model: torch.nn.Module, dtype: torch.dtype | None) -> torch.nn.Module:
+def shard(model: torch.nn.Module, dtype: torch.dtype | None, device: torch.device) -> torch.nn.Module:
     """Each encoder and decoder layer one unit (its weights gathered for its forward and backward, then freed), the
-    embedding and final norms the root's. Under bf16 the weights are gathered and used in bf16, the gradients
-    reduced in fp32; the fp32 master copy stays sharded."""
+    embedding and final norms the root's. The model comes from host memory and goes to ``device`` a layer at a
+    time, sharded before the next one moves: no device ever holds it whole. Under bf16 the weights are gathered and
+    used in bf16, the gradients reduced in fp32; the fp32 master copy stays sharded."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if not is_dist() or dist.get_world_size() == 1:
         raise UserError("--fsdp needs 2 or more processes (torchrun --nproc_per_node=N ...)")
-    for t in model.state_dict().values():  # every rank starts from rank 0's initialization, as DDP does
-        dist.broadcast(t, src=0)
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
     for layer in [*model.encoder, *model.decoder]:
+        _from_rank0(layer.to(device))
         fully_shard(layer, mp_policy=mp)
+    for name, child in model.named_children():
+        if name not in ("encoder", "decoder"):
+            _from_rank0(child.to(device))
+    for name, buffer in model.named_buffers(recurse=False):
+        setattr(model, name, buffer.to(device))
     fully_shard(model, mp_policy=mp)
     return model
+
+
+def _from_rank0(module: torch.nn.Module) -> None:
+    """Rank 0's weights on every rank: all start from one initialization, as under DDP."""
+    for t in module.state_dict().values():
+        dist.broadcast(t, src=0)
 
 
 @contextlib.contextmanager

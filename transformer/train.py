@@ -289,10 +289,10 @@ def main(args: argparse.Namespace) -> None:
     overrides.update(enc_layers=args.layers, dec_layers=args.layers)
     overrides = {k: v for k, v in overrides.items() if v is not None}
     r.cfg = ModelConfig(r.tok.get_vocab_size(), **{**PRESETS[args.preset], **overrides})
-    r.model = r.ddp = Transformer(r.cfg).to(device)  # r.model: what we save, evaluate and restore
+    r.model = r.ddp = Transformer(r.cfg).to("cpu" if r.fsdp else device)  # what we save, evaluate and restore
     # [DDP 3] wrap the model: gradients are averaged across ranks during backward.
     if r.fsdp:  # [FSDP 3] or shard it: each rank keeps 1/N of the weights, gradients and optimizer state
-        r.model = r.ddp = r.fsdp.shard(r.model, r.dtype)
+        r.model = r.ddp = r.fsdp.shard(r.model, r.dtype, device)
         r.no_sync = functools.partial(r.fsdp.no_sync, r.model)
     elif info.world_size > 1:
         ids = [device.index] if device.type == "cuda" else None
