@@ -12,7 +12,8 @@
 # same way. What arrives from such a step: srun's exit code is its tasks' (75) when they are the
 # train scripts, but torchrun's (1) under sbatch_torchrun.sh, as torchrun exits 1 when it got the
 # signal too, whatever its workers did; so each rank that saved and stopped also creates the file
-# $PREEMPTED_MARKER, which this script exports, on the batch script's node. The requeued job runs
+# $PREEMPTED_MARKER, which this script exports, in the submit directory (the job's log is there: it is on a file
+# system that every node sees, so a step without the batch script's node still leaves it). The requeued job runs
 # the same script again and `--resume auto` continues from last.pt.
 # Needs `#SBATCH --requeue` (and `--open-mode=append` to keep one log). Slurm holds a requeued
 # job for about two minutes before it can start again (Reason=BeginTime).
@@ -30,7 +31,7 @@ _on_usr2() {
 run_requeueable() {
   REQUEUE=0
   echo "[$(date '+%F %T')] job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST:-?}: $*" >&2
-  export PREEMPTED_MARKER="${TMPDIR:-/tmp}/preempted-$SLURM_JOB_ID"
+  export PREEMPTED_MARKER="${SLURM_SUBMIT_DIR:-${TMPDIR:-/tmp}}/.preempted-$SLURM_JOB_ID"
   rm -f "$PREEMPTED_MARKER"
   trap _on_usr2 USR2
   "$@" &
