@@ -12,8 +12,8 @@
 # same way. What arrives from such a step: srun's exit code is its tasks' (75) when they are the
 # train scripts, but torchrun's (1) under sbatch_torchrun.sh, as torchrun exits 1 when it got the
 # signal too, whatever its workers did; so each rank that saved and stopped also creates the file
-# $PREEMPTED_MARKER, which this script exports, in the submit directory (the job's log is there: it is on a file
-# system that every node sees, so a step without the batch script's node still leaves it). The requeued job runs
+# $PREEMPTED_MARKER, which this script exports, in the submit directory (where the job's log goes: normally a file
+# system that every node sees, so a step without the batch script's node still leaves it there). The requeued job runs
 # the same script again and `--resume auto` continues from last.pt.
 # Needs `#SBATCH --requeue` (and `--open-mode=append` to keep one log). Slurm holds a requeued
 # job for about two minutes before it can start again (Reason=BeginTime).
