@@ -12,7 +12,7 @@ import threading
 import warnings
 import zipfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -63,11 +63,10 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike, keep_last: i
     path = Path(path)
     with atomic_write(path) as f:
         torch.save(state, f)
-    if keep_last > 0 and "step" in state:  # a hard link: the copy costs no second write
+    if keep_last > 0:  # a hard link: the copy costs no second write
         step_path = path.parent / f"step_{state['step']:08d}.pt"
         os.link(path, f"{step_path}.tmp")
         os.replace(f"{step_path}.tmp", step_path)
-    if keep_last > 0:
         for old in sorted(path.parent.glob("step_*.pt"))[:-keep_last]:
             old.unlink(missing_ok=True)
 
@@ -120,7 +119,16 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"checkpoint not found: {path}")
-    check_checkpoint_file(path)
+    # torch.save writes a zip archive (or, in the legacy format, a pickle's PROTO opcode): anything else (text,
+    # JSON, an empty file) is not a checkpoint, whatever the unpickler would make of it
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise UserError(f"cannot read checkpoint {path}: {e.strerror}") from None
+    if head[:4] != b"PK\x03\x04" and head[:1] != b"\x80":
+        what = "an empty file" if not head else "not a file torch.save wrote"
+        raise UserError(f"{path} is not a checkpoint ({what}; pass a last.pt or best.pt that a training run wrote)")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, IndexError,
@@ -136,19 +144,6 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(ckpt, dict) or "model" not in ckpt:
         raise UserError(f"{path} is not a checkpoint of this collection (no 'model' entry)")
     return ckpt
-
-
-def check_checkpoint_file(path: Path) -> None:
-    """torch.save writes a zip archive (or, in the legacy format, a pickle's PROTO opcode): anything else (text,
-    JSON, an empty file) is not a checkpoint, whatever the unpickler would make of it."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4)
-    except OSError as e:
-        raise UserError(f"cannot read checkpoint {path}: {e.strerror}") from None
-    if head[:4] != b"PK\x03\x04" and head[:1] != b"\x80":
-        what = "an empty file" if not head else "not a file torch.save wrote"
-        raise UserError(f"{path} is not a checkpoint ({what}; pass a last.pt or best.pt that a training run wrote)")
 
 
 def load_model_state(model: torch.nn.Module, state_dict: dict[str, Any], path: str | os.PathLike) -> None:
@@ -176,10 +171,8 @@ def resolve_resume(resume: str, output_dir: str | os.PathLike) -> Path | None:
 
 def checkpoint_state(model, optimizer, scheduler, scaler, pos: Position, args, world_size: int, ema=None, **extra):
     """The one schema of last.pt and best.pt (DESIGN.md); ``extra``: a script's own entries (tokenizer, loss window)."""
-    state = dict(model=unwrap(model).state_dict(), optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
-                 scaler=scaler.state_dict(), epoch=pos.epoch, step=pos.step, batch_in_epoch=pos.batch_in_epoch,
-                 best_metric=pos.best_metric, eval_step=pos.eval_step, wandb_id=pos.wandb_id, args=vars(args),
-                 world_size=world_size, **extra)  # fmt: skip
+    state = {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(), **asdict(pos), **extra}
+    state.update(scheduler=scheduler.state_dict(), scaler=scaler.state_dict(), args=vars(args), world_size=world_size)
     if ema is not None:
         state["ema"] = ema.state_dict()
     return state

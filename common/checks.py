@@ -11,8 +11,6 @@ from urllib.parse import urlsplit
 
 from common.errors import UserError
 
-CHECKPOINTS = ("last.pt", "best.pt")
-
 
 def need(ok: bool, flag: str, value: object, what: str, hint: str) -> None:
     """Raise ``<flag> <value> <what> (<hint>)`` unless ``ok``."""
@@ -76,7 +74,7 @@ def check_output_dir(args: argparse.Namespace) -> None:
             need(p.is_dir(), "--output-dir", args.output_dir, f"is under the file {p}" if p != out else "is a file",
                  "give a directory")  # fmt: skip
             break
-    found = [n for n in CHECKPOINTS if (out / n).is_file()]
+    found = [n for n in ("last.pt", "best.pt") if (out / n).is_file()]
     writes = not getattr(args, "evaluate", False) and not getattr(args, "overwrite", True)
     if writes and args.resume == "none" and found:
         raise UserError(

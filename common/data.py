@@ -4,7 +4,6 @@ sample's augmentation of ``(seed, epoch, index)``), and DataLoader workers that 
 from __future__ import annotations
 
 import gc
-import math
 import multiprocessing
 import os
 import random
@@ -58,7 +57,7 @@ class ExactEvalSampler(Sampler):
         return iter(range(self.rank, self.n, self.world))
 
     def __len__(self) -> int:
-        return max(0, math.ceil((self.n - self.rank) / self.world))
+        return len(range(self.rank, self.n, self.world))
 
 
 class SeededDataset(Dataset):
@@ -70,9 +69,7 @@ class SeededDataset(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
-    def __getitem__(self, key: Any) -> Any:
-        if not isinstance(key, tuple):
-            return self.dataset[key]
+    def __getitem__(self, key: tuple[int, int]) -> Any:
         epoch, i = key
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(mix_seed(self.seed, epoch, i))

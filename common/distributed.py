@@ -10,6 +10,7 @@ import multiprocessing
 import multiprocessing.util
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -101,11 +102,8 @@ def slurm_master_addr(env: Mapping[str, str]) -> str:
 
 def first_host(nodelist: str) -> str:
     """First host of a Slurm node list without scontrol: ``gpu[07-09,12],cpu1`` -> ``gpu07``."""
-    head = nodelist.split(",")[0] if "[" not in nodelist.split(",")[0] else nodelist[: nodelist.index("]") + 1]
-    if "[" not in head:
-        return head
-    prefix, rest = head.split("[", 1)
-    return prefix + rest.split("]")[0].split(",")[0].split("-")[0]
+    prefix, first = re.match(r"([^,\[]*)(?:\[([^-,\]]*))?", nodelist).groups()
+    return prefix + (first or "")
 
 
 def detect_launcher(

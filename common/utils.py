@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import math
 import os
 import signal
@@ -33,19 +32,13 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.Abst
     return contextlib.nullcontext() if dtype is None else torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def warmup_cosine(step: int, warmup: int, total: int) -> float:
-    """LR multiplier: linear warmup from 0, then cosine down to 0."""
-    if step < warmup:
-        return (step + 1) / warmup
-    return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
-
-
 def lr_lambda(args: Any, steps_per_epoch: int) -> Callable[[int], float]:
     """``--lr-schedule`` as an LR multiplier, a pure function of the optimizer step: cosine after a linear warmup;
     onecycle, linear up to the peak at 25% and down to 0; step, x ``--lr-gamma`` every ``--lr-step-size`` epochs."""
     warmup, total = round(args.warmup_epochs * steps_per_epoch), args.epochs * steps_per_epoch
     if args.lr_schedule == "cosine":
-        return functools.partial(warmup_cosine, warmup=warmup, total=total)
+        span = max(1, total - warmup)
+        return lambda s: (s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * min(1, (s - warmup) / span)))
     if args.lr_schedule == "onecycle":
         peak = max(1, int(0.25 * total))
         return lambda s: min((s + 1) / peak, max(0.0, (total - s) / (total - peak)))
@@ -118,10 +111,6 @@ def check_finite_loss(loss: float | torch.Tensor, step: int) -> None:
 def describe(m: dict[str, float]) -> str:
     skipped = f", {m['skipped']} unreadable skipped" if m.get("skipped") else ""
     return f"loss {m['loss']:.4f} acc1 {m['acc1']:.2f} acc5 {m['acc5']:.2f} ({m['count']} images{skipped})"
-
-
-def count_params(params: Iterable[torch.nn.Parameter]) -> int:
-    return sum(p.numel() for p in params)
 
 
 class StopSignal:

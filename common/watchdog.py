@@ -50,19 +50,14 @@ class Watchdog:
     def batches(self, iterable: Iterable[T], evaluating: bool = False) -> Iterator[T]:
         """Yield from ``iterable``, labelling the wait for each item and the work done with it."""
         waiting, working = (EVAL_DATA, EVAL_STEP) if evaluating else (TRAIN_DATA, TRAIN_STEP)
-        starting = evaluating  # an evaluation loader starts its workers for its first batch
-        it = iter(iterable)
-        while True:
-            self.state = (time.monotonic(), waiting, starting)
-            try:
-                item = next(it)
-            except StopIteration:
-                self.state = (time.monotonic(), working, False)
-                return
-            starting = False
+        # an evaluation loader starts its workers for its first batch
+        self.state = (time.monotonic(), waiting, evaluating)
+        for item in iterable:
             self.state = (time.monotonic(), working, False)
             yield item
             self.stepped = True
+            self.state = (time.monotonic(), waiting, False)
+        self.state = (time.monotonic(), working, False)
 
     def stop(self) -> None:
         self._stopped.set()

@@ -55,7 +55,7 @@ from common.distributed import (
 )
 from common.errors import UserError, run_cli
 from common.metrics import LossWindow, MetricsLogger, Progress, prepare_output_dir
-from common.utils import StopSignal, amp_dtype, autocast, check_finite_loss, count_params, param_groups
+from common.utils import StopSignal, amp_dtype, autocast, check_finite_loss, param_groups
 from common.watchdog import CHECKPOINT, EVAL_STEP, Watchdog
 
 from . import fsdp
@@ -325,7 +325,7 @@ def main(args: argparse.Namespace) -> None:
                                      resize="next_epoch")  # fmt: skip
     r.writer = CheckpointWriter(out if info.is_main else None)  # writes on a thread
 
-    n_params = count_params(r.model.parameters())
+    n_params = sum(p.numel() for p in r.model.parameters())
     r.logger = logger = MetricsLogger(out, info, args.wandb)
     max_tokens = data.rows * pack_len * info.world_size * args.accum_steps
     config = logger.write_config(args, dict(
