@@ -323,7 +323,7 @@ def main(args: argparse.Namespace) -> None:
             raise UserError("--evaluate needs a checkpoint: --resume PATH (or an output dir with last.pt)")
         if r.ema is None and "ema" in ckpt:  # a checkpoint with averaged weights: evaluate those, as training did
             r.ema = EMA(model, 0.0)
-            r.ema.load_state_dict(ckpt["ema"])
+            r.ema.module.load_state_dict(ckpt["ema"])
         m = evaluate(r, watched=False)
         logger.log({"split": data.eval_name, "epoch": pos.epoch, "step": pos.step, **m})
         print0(f"{ckpt_path} {data.eval_name}: {describe(m)}")

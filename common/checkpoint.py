@@ -174,7 +174,7 @@ def checkpoint_state(model, optimizer, scheduler, scaler, pos: Position, args, w
     state = {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(), **asdict(pos), **extra}
     state.update(scheduler=scheduler.state_dict(), scaler=scaler.state_dict(), args=vars(args), world_size=world_size)
     if ema is not None:
-        state["ema"] = ema.state_dict()
+        state["ema"] = ema.module.state_dict()
     return state
 
 
@@ -222,7 +222,7 @@ def restore_training(
         scheduler.load_state_dict(ckpt["scheduler"])
         scaler.load_state_dict(ckpt["scaler"])
         if ema is not None and "ema" in ckpt:
-            ema.load_state_dict(ckpt["ema"])
+            ema.module.load_state_dict(ckpt["ema"])
     except (KeyError, ValueError, RuntimeError) as e:
         raise UserError(f"checkpoint {path} has no usable optimizer state ({str(e)[:200]})") from None
     pos = Position(ckpt["epoch"], ckpt["step"], ckpt["batch_in_epoch"], ckpt["best_metric"], ckpt.get("wandb_id"),

@@ -84,8 +84,7 @@ def die_with_parent(parent: int | None = None) -> None:
     if sys.platform == "linux":
         import ctypes
 
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL)
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         if parent is not None and os.getppid() != parent:
             os.kill(os.getpid(), signal.SIGKILL)
 

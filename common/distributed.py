@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -34,26 +34,18 @@ STOP_SIGNALS = ("SIGTERM", "SIGUSR2")  # a rank stops on these at a step boundar
 
 
 @dataclass(frozen=True)
-class DistInfo:
+class DistInfo:  # detect_launcher fills what the launcher told; setup_distributed the device and backend
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
     device: torch.device = torch.device("cpu")
     launcher: str = "single"
     backend: str | None = None
+    init_method: str = ""  # "env://" or "tcp://host:port"; "" for one process
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
-
-@dataclass(frozen=True)
-class LaunchEnv:  # what the launcher told us, before any process group exists
-    launcher: str
-    rank: int
-    local_rank: int
-    world_size: int
-    init_method: str  # "env://" or "tcp://host:port"
 
 
 def add_dist_args(parser: argparse.ArgumentParser) -> None:
@@ -112,7 +104,7 @@ def detect_launcher(
     world_size: int = -1,
     rank: int = -1,
     local_rank: int | None = None,
-) -> LaunchEnv:
+) -> DistInfo:
     """Rank, world size and rendezvous from the environment: torchrun-style variables (which win inside Slurm or
     MPI too), Slurm tasks, MPI, an explicit --dist-url, else a single process."""
     env = os.environ if env is None else env
@@ -123,7 +115,7 @@ def detect_launcher(
             name = "accelerate" if any(k.startswith("ACCELERATE_") for k in env) else "torchrun"
         lr = _int(env, "LOCAL_RANK", True)
         lr = lr if lr is not None else (local_rank or 0)
-        return LaunchEnv(name, _int(env, "RANK"), lr, _int(env, "WORLD_SIZE"), "env://")
+        return DistInfo(_int(env, "RANK"), lr, _int(env, "WORLD_SIZE"), launcher=name, init_method="env://")
     master_port = env.get("MASTER_PORT")
     # 2. Slurm, one task per process. SLURM_STEP_NUM_TASKS exists only inside an srun step, so a plain `python` in
     # an sbatch script (where SLURM_NTASKS may be > 1) is not mistaken for a rank.
@@ -131,9 +123,8 @@ def detect_launcher(
     if "SLURM_PROCID" in env and slurm_n is not None and slurm_n > 1:
         addr = env.get("MASTER_ADDR") or slurm_master_addr(env)
         port = master_port or str(15000 + int(env.get("SLURM_JOB_ID", "0")) % 20000)
-        return LaunchEnv(
-            "slurm", _int(env, "SLURM_PROCID"), _int(env, "SLURM_LOCALID", True) or 0, slurm_n, f"tcp://{addr}:{port}"
-        )
+        rank, local_rank = _int(env, "SLURM_PROCID"), _int(env, "SLURM_LOCALID", True) or 0
+        return DistInfo(rank, local_rank, slurm_n, launcher="slurm", init_method=f"tcp://{addr}:{port}")
     # 3. MPI: MPICH / Intel MPI hydra (PMI_*), Open MPI (OMPI_COMM_WORLD_*), MVAPICH2 (MV2_*)
     for r, s, lr in (
         ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
@@ -142,16 +133,16 @@ def detect_launcher(
     ):
         if r in env and s in env and _int(env, s) > 1:
             init = f"tcp://{env.get('MASTER_ADDR', '127.0.0.1')}:{master_port or 29500}"
-            return LaunchEnv("mpi", _int(env, r), _int(env, lr, True) or 0, _int(env, s), init)
+            return DistInfo(_int(env, r), _int(env, lr, True) or 0, _int(env, s), launcher="mpi", init_method=init)
     # 4. Explicit --dist-url/--world-size/--rank (the pytorch/examples style)
     if dist_url and world_size > 1:
         if rank < 0:
             raise UserError("--dist-url needs --rank (this process's global rank)")
-        return LaunchEnv("dist-url", rank, local_rank or 0, world_size, dist_url)
-    return LaunchEnv("single", 0, local_rank or 0, 1, "")
+        return DistInfo(rank, local_rank or 0, world_size, launcher="dist-url", init_method=dist_url)
+    return DistInfo(0, local_rank or 0, 1)
 
 
-def check_launch(launch: LaunchEnv, env: Mapping[str, str]) -> None:
+def check_launch(launch: DistInfo, env: Mapping[str, str]) -> None:
     """Rank, world size and rendezvous address make sense and resolve: checked before any connection, so that a
     mistake is one line at once, not C++ frames after --dist-timeout."""
     src = {"dist-url": "--rank/--world-size", "slurm": "SLURM_PROCID/SLURM_STEP_NUM_TASKS", "mpi": "the MPI rank"}
@@ -206,7 +197,7 @@ def _pick_backend(requested: str | None, device: torch.device) -> str:
     return backend
 
 
-def setup_distributed(args: argparse.Namespace, *, launch: LaunchEnv | None = None) -> DistInfo:
+def setup_distributed(args: argparse.Namespace, *, launch: DistInfo | None = None) -> DistInfo:
     """Init the process group for however we were launched. The CUDA device is set before the init, so that NCCL
     never puts two ranks on GPU 0."""
     launch = launch or detect_launcher(None, args.dist_url, args.world_size, args.rank, args.local_rank)
@@ -226,7 +217,7 @@ def setup_distributed(args: argparse.Namespace, *, launch: LaunchEnv | None = No
     else:
         device = torch.device("cpu")
     if launch.world_size == 1 and launch.launcher in ("single", "env", "torchrun", "accelerate"):
-        return DistInfo(0, launch.local_rank, 1, device, launch.launcher, None)
+        return replace(launch, device=device)
     backend = _pick_backend(args.dist_backend, device)
     timeout = datetime.timedelta(seconds=args.dist_timeout)
     if launch.init_method.startswith("tcp://") and launch.rank != 0:
@@ -255,10 +246,10 @@ def setup_distributed(args: argparse.Namespace, *, launch: LaunchEnv | None = No
             hint = "check the launcher's settings; debug with TORCH_DISTRIBUTED_DEBUG=DETAIL"
             raise UserError(f"cannot start the process group at {where}: {first} ({hint})") from None
         raise
-    return DistInfo(launch.rank, launch.local_rank, launch.world_size, device, launch.launcher, backend)
+    return replace(launch, device=device, backend=backend)
 
 
-def _attempt_store(launch: LaunchEnv, timeout: datetime.timedelta) -> dist.Store | None:
+def _attempt_store(launch: DistInfo, timeout: datetime.timedelta) -> dist.Store | None:
     """Under torchrun, a store whose keys are private to this restart attempt: the agent keeps one store across
     ``--max-restarts``, and a restarted rank would otherwise read a dead peer's address ("Connection refused")."""
     env = os.environ
@@ -287,7 +278,7 @@ def _wait_for_master(init_method: str, timeout_s: float) -> None:
             time.sleep(0.5)
 
 
-def exit_with_launcher(launch: LaunchEnv) -> None:
+def exit_with_launcher(launch: DistInfo) -> None:
     """Under an elastic agent (torchrun, accelerate) or mp.spawn, end this rank within a second of its launcher's
     death: torchrun detaches its ranks (setsid), so ranks of a SIGKILLed agent would otherwise go on writing or wait
     forever. slurmstepd ends its tasks itself, and a plain ``python``'s parent may go without ending the job."""
@@ -304,7 +295,7 @@ def exit_with_launcher(launch: LaunchEnv) -> None:
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
-_launcher: tuple[LaunchEnv, int] | None = None  # (how this rank was launched, the launcher's pid)
+_launcher: tuple[DistInfo, int] | None = None  # (how this rank was launched, the launcher's pid)
 _exiting = threading.Lock()
 
 

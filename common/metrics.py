@@ -131,10 +131,8 @@ class MetricsLogger:
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
         if self.wandb is not None:
-            split = record.get("split", "train")
-            self.wandb.log(
-                {f"{split}/{k}": v for k, v in record.items() if isinstance(v, (int, float))}, step=record.get("step")
-            )
+            nums = {f"{record.get('split', 'train')}/{k}": v for k, v in record.items() if isinstance(v, (int, float))}
+            self.wandb.log(nums, step=record.get("step"))
 
     def rewind(self, step: int, eval_step: int) -> None:
         """On a resume at ``step``: keep only the records the checkpoint accounts for (training up to ``step``,
@@ -181,13 +179,12 @@ class LossWindow:
         check_finite_loss(loss, step)
         return loss
 
-    def state(self, step: int | None = None) -> dict[str, Any]:
-        """Every rank's sum (every rank calls it); with ``step``, a NaN or infinite loss stops the run before a save."""
+    def state(self, step: int) -> dict[str, Any]:
+        """Every rank's sum (every rank calls it); a NaN or infinite loss stops the run before a save."""
         sums = torch.zeros(self.world, device=self.sum.device)
         sums[self.rank] = self.sum  # the others' entries stay 0: the sum gathers each rank's value bit for bit
         sums = all_reduce_sum(sums)
-        if step is not None:
-            check_finite_loss(sums.sum(), step)
+        check_finite_loss(sums.sum(), step)
         return {"sums": sums, "n": self.n, "step0": self.step0, "seconds": time.time() - self.t0}
 
 
@@ -212,10 +209,8 @@ class Progress:
             self.bar.n = step
             self.bar.set_postfix_str(text, refresh=True)
             return
-        done = step - self.start_step
-        eta = "?"
-        if done > 0:
-            eta = str(datetime.timedelta(seconds=int((time.time() - self.start) / done * (self.total - step))))
+        done, left = step - self.start_step, self.total - step
+        eta = str(datetime.timedelta(seconds=int((time.time() - self.start) / done * left))) if done > 0 else "?"
         print(f"step {step}/{self.total} {text} eta {eta}", flush=True)
 
     def write(self, text: str) -> None:

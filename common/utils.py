@@ -92,12 +92,6 @@ class EMA:
         for e, m in self.others:
             e.copy_(m)
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.module.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.module.load_state_dict(state)
-
 
 def check_finite_loss(loss: float | torch.Tensor, step: int) -> None:
     """A NaN or infinite loss stops the run before a checkpoint holds such weights (checked where the loop syncs)."""

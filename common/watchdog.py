@@ -8,7 +8,6 @@ import atexit
 import faulthandler
 import multiprocessing
 import os
-import signal
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -88,10 +87,7 @@ class Watchdog:
         faulthandler.dump_traceback(2, all_threads=True)
         # DataLoader workers die with us: a frozen one would stay an orphan
         for child in multiprocessing.active_children():
-            try:
-                os.kill(child.pid, signal.SIGKILL)
-            except OSError:
-                pass
+            child.kill()
         # no destroy_process_group(): it may block on the very collective that stalled; peers see our sockets close
         _write(
             f"error: rank {self.rank} stalled: no progress for {idle:.0f}s {what} (every thread's stack is above; "

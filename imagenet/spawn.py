@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from common.distributed import LaunchEnv, cleanup_distributed
+from common.distributed import DistInfo, cleanup_distributed
 from common.errors import UserError
 from common.utils import PREEMPTED_EXIT_CODE
 
@@ -23,7 +23,7 @@ def _worker(local_rank: int, main: Callable, args: Any, nprocs: int, node_rank: 
     if not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // nprocs))  # CPU ranks share the cores
     try:
-        main(args, LaunchEnv("mp.spawn", node_rank * nprocs + local_rank, local_rank, world, url))
+        main(args, DistInfo(node_rank * nprocs + local_rank, local_rank, world, launcher="mp.spawn", init_method=url))
     except UserError as e:
         errors.put(str(e))  # the parent prints each distinct error once
         sys.exit(2)
@@ -31,7 +31,7 @@ def _worker(local_rank: int, main: Callable, args: Any, nprocs: int, node_rank: 
         cleanup_distributed()
 
 
-def spawn(main: Callable[[argparse.Namespace, LaunchEnv], None], args: argparse.Namespace, nprocs: int) -> None:
+def spawn(main: Callable[[argparse.Namespace, DistInfo], None], args: argparse.Namespace, nprocs: int) -> None:
     """Run ``main(args, launch)`` in ``nprocs`` processes on this node; forward SIGTERM/SIGUSR2 to them."""
     import torch.multiprocessing as mp
 

@@ -45,7 +45,7 @@ from common.checkpoint import (
 )
 from common.data import ExactEvalSampler, ResumableDistributedSampler, SeededDataset, loader_kwargs
 from common.distributed import (
-    LaunchEnv,
+    DistInfo,
     all_reduce_sum,
     broadcast_buffers,
     cleanup_distributed,
@@ -250,7 +250,7 @@ def train_one_epoch(r: SimpleNamespace, pos: Position, max_steps: int) -> None:
 # ------------------------------------------------------------------ main
 
 
-def main(args: argparse.Namespace, launch: LaunchEnv | None = None) -> None:
+def main(args: argparse.Namespace, launch: DistInfo | None = None) -> None:
     # [DDP 1] init the process group (torchrun, Slurm, MPI, --dist-url, mp.spawn or none) and pick the device.
     launch = launch or detect_launcher(None, args.dist_url, args.world_size, args.rank, args.local_rank)
     if args.gpu is not None and launch.launcher != "mp.spawn":
