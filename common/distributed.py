@@ -228,6 +228,7 @@ def setup_distributed(args: argparse.Namespace, *, launch: DistInfo | None = Non
                                 rank=launch.rank, world_size=launch.world_size, timeout=timeout)  # fmt: skip
     except Exception as e:  # turn rendezvous failures into one actionable line
         msg = str(e)
+        first = (msg.strip() or type(e).__name__).splitlines()[0][:200]
         where = launch.init_method
         if where == "env://":
             where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
@@ -237,12 +238,10 @@ def setup_distributed(args: argparse.Namespace, *, launch: DistInfo | None = Non
                 "another MASTER_PORT / --dist-url port / --rdzv-endpoint)"
             ) from None
         if "timed out" in msg.lower() or "timeout" in msg.lower() or "connect" in msg.lower():
-            first = msg.splitlines()[0][:200]
             raise UserError(
                 f"rendezvous with {where} failed after {args.dist_timeout:.0f}s: {first} ({RDZV_HINT})"
             ) from None
         if isinstance(e, (RuntimeError, ValueError)):  # torch's C++ errors carry frames after their first line
-            first = (msg.strip() or type(e).__name__).splitlines()[0][:200]
             hint = "check the launcher's settings; debug with TORCH_DISTRIBUTED_DEBUG=DETAIL"
             raise UserError(f"cannot start the process group at {where}: {first} ({hint})") from None
         raise

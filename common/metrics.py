@@ -203,22 +203,18 @@ class Progress:
                 pass
 
     def update(self, step: int, text: str) -> None:
-        if not self.enabled:
-            return
-        if self.bar is not None:
+        if self.bar is not None:  # only on rank 0
             self.bar.n = step
             self.bar.set_postfix_str(text, refresh=True)
-            return
-        done, left = step - self.start_step, self.total - step
-        eta = str(datetime.timedelta(seconds=int((time.time() - self.start) / done * left))) if done > 0 else "?"
-        print(f"step {step}/{self.total} {text} eta {eta}", flush=True)
+        elif self.enabled:
+            done, left = step - self.start_step, self.total - step
+            eta = str(datetime.timedelta(seconds=int((time.time() - self.start) / done * left))) if done > 0 else "?"
+            print(f"step {step}/{self.total} {text} eta {eta}", flush=True)
 
     def write(self, text: str) -> None:
-        if not self.enabled:
-            return
         if self.bar is not None:
             self.bar.write(text)
-        else:
+        elif self.enabled:
             print(text, flush=True)
 
     def close(self) -> None:
