@@ -68,10 +68,10 @@ def add_dist_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _int(env: Mapping[str, str], name: str, optional: bool = False) -> int | None:
-    """A launcher's variable as an int (None if optional and unset), or one line naming it."""
-    if optional and env.get(name, "") == "":
-        return None
+def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
+    """A launcher's variable as an int (``default``, if given, when unset), or one line naming it."""
+    if default is not None and env.get(name, "") == "":
+        return default
     try:
         return int(env[name])
     except ValueError:
@@ -113,17 +113,16 @@ def detect_launcher(
         name = "env"
         if "TORCHELASTIC_RUN_ID" in env:
             name = "accelerate" if any(k.startswith("ACCELERATE_") for k in env) else "torchrun"
-        lr = _int(env, "LOCAL_RANK", True)
-        lr = lr if lr is not None else (local_rank or 0)
+        lr = _int(env, "LOCAL_RANK", local_rank or 0)
         return DistInfo(_int(env, "RANK"), lr, _int(env, "WORLD_SIZE"), launcher=name, init_method="env://")
     master_port = env.get("MASTER_PORT")
     # 2. Slurm, one task per process. SLURM_STEP_NUM_TASKS exists only inside an srun step, so a plain `python` in
     # an sbatch script (where SLURM_NTASKS may be > 1) is not mistaken for a rank.
-    slurm_n = _int(env, "SLURM_STEP_NUM_TASKS", True)
-    if "SLURM_PROCID" in env and slurm_n is not None and slurm_n > 1:
+    slurm_n = _int(env, "SLURM_STEP_NUM_TASKS", 0)
+    if "SLURM_PROCID" in env and slurm_n > 1:
         addr = env.get("MASTER_ADDR") or slurm_master_addr(env)
         port = master_port or str(15000 + int(env.get("SLURM_JOB_ID", "0")) % 20000)
-        rank, local_rank = _int(env, "SLURM_PROCID"), _int(env, "SLURM_LOCALID", True) or 0
+        rank, local_rank = _int(env, "SLURM_PROCID"), _int(env, "SLURM_LOCALID", 0)
         return DistInfo(rank, local_rank, slurm_n, launcher="slurm", init_method=f"tcp://{addr}:{port}")
     # 3. MPI: MPICH / Intel MPI hydra (PMI_*), Open MPI (OMPI_COMM_WORLD_*), MVAPICH2 (MV2_*)
     for r, s, lr in (
@@ -133,7 +132,7 @@ def detect_launcher(
     ):
         if r in env and s in env and _int(env, s) > 1:
             init = f"tcp://{env.get('MASTER_ADDR', '127.0.0.1')}:{master_port or 29500}"
-            return DistInfo(_int(env, r), _int(env, lr, True) or 0, _int(env, s), launcher="mpi", init_method=init)
+            return DistInfo(_int(env, r), _int(env, lr, 0), _int(env, s), launcher="mpi", init_method=init)
     # 4. Explicit --dist-url/--world-size/--rank (the pytorch/examples style)
     if dist_url and world_size > 1:
         if rank < 0:
