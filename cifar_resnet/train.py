@@ -315,8 +315,8 @@ def main(args: argparse.Namespace) -> None:
     r.writer = CheckpointWriter(out if info.is_main else None)  # writes on a thread
 
     r.logger = logger = MetricsLogger(out, info, args.wandb)
-    config = logger.write_config(args, dict(global_batch=r.global_batch, peak_lr=lr, steps_per_epoch=steps_per_epoch))
-    pos.wandb_id = logger.start_wandb("cifar_resnet", config, pos.wandb_id)
+    extra = dict(global_batch=r.global_batch, peak_lr=lr, steps_per_epoch=steps_per_epoch)
+    pos.wandb_id = logger.start(args, "cifar_resnet", pos.wandb_id, extra)
 
     if args.evaluate:
         if ckpt_path is None:

@@ -36,8 +36,7 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike) -> Iterator[IO[bytes]]:
-    """A binary file that appears at ``path`` whole or not at all (temp file, fsync, rename, fsync of the directory):
-    a crash at any moment leaves the old file or the new one."""
+    """A binary file that appears at ``path`` whole or not at all: a crash at any moment leaves the old or the new."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -58,8 +57,7 @@ def atomic_write(path: str | os.PathLike) -> Iterator[IO[bytes]]:
 
 
 def save_checkpoint(state: dict[str, Any], path: str | os.PathLike, keep_last: int = 0) -> None:
-    """Write ``state`` to ``path`` atomically (rank 0 only); with ``keep_last > 0`` also keep the newest
-    ``keep_last`` copies as ``step_<N>.pt``."""
+    """Write ``state`` atomically; with ``keep_last > 0`` also keep the newest ``keep_last`` as ``step_<N>.pt``."""
     path = Path(path)
     with atomic_write(path) as f:
         torch.save(state, f)

@@ -105,8 +105,7 @@ def detect_launcher(
     rank: int = -1,
     local_rank: int | None = None,
 ) -> DistInfo:
-    """Rank, world size and rendezvous from the environment: torchrun-style variables (which win inside Slurm or
-    MPI too), Slurm tasks, MPI, an explicit --dist-url, else a single process."""
+    """Rank, world size and rendezvous from the environment or --dist-url: the first of the cases below that fits."""
     env = os.environ if env is None else env
     # 1. torchrun / torch.distributed.launch / accelerate all export RANK and WORLD_SIZE
     if "RANK" in env and "WORLD_SIZE" in env:

@@ -102,24 +102,21 @@ class MetricsLogger:
         self.output_dir = Path(output_dir)
         self.wandb, self.use_wandb = None, use_wandb and self.enabled  # the package was checked (check_wandb)
 
-    def write_config(self, args: Any, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    def start(self, args: Any, project: str, run_id: str | None, extra: dict[str, Any]) -> str | None:
+        """Write config.json, and start a wandb run (or resume the checkpoint's ``run_id``); returns the run's id."""
         i = self.info
         gpu = torch.cuda.get_device_name(i.device) if i.device.type == "cuda" else None
         cfg = dict(vars(args), world_size=i.world_size, launcher=i.launcher, backend=i.backend, device=str(i.device),
                    torch=torch.__version__, cuda=torch.version.cuda, gpu=gpu, git_commit=_git_commit(), argv=sys.argv,
-                   **(extra or {}))  # fmt: skip
+                   **extra)  # fmt: skip
         if self.enabled:
             (self.output_dir / "config.json").write_text(json.dumps(cfg, indent=2, default=str) + "\n")
-        return cfg
-
-    def start_wandb(self, project: str, config: dict[str, Any], run_id: str | None) -> str | None:
-        """Start (or resume, with the run id from the checkpoint) a wandb run; returns its id."""
         if not self.use_wandb:
             return run_id
         import wandb
 
         try:
-            self.wandb = wandb.init(project=project, config=config, id=run_id, resume="allow", dir=str(self.output_dir))
+            self.wandb = wandb.init(project=project, config=cfg, id=run_id, resume="allow", dir=str(self.output_dir))
         except wandb.errors.Error as e:  # no key, no network: the user's to fix
             raise UserError(f"--wandb: {str(e).splitlines()[0][:200]} (or set WANDB_MODE=offline)") from None
         return self.wandb.id

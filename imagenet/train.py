@@ -324,9 +324,8 @@ def main(args: argparse.Namespace, launch: DistInfo | None = None) -> None:
     pos.eval_step = pos.eval_step if ckpt_path is not None else pos.step
     r.writer = CheckpointWriter(out if info.is_main else None)  # writes on a thread
 
-    config = logger.write_config(args, dict(global_batch=r.global_batch, peak_lr=lr,
-                                            steps_per_epoch=data.steps_per_epoch))  # fmt: skip
-    pos.wandb_id = logger.start_wandb("imagenet", config, pos.wandb_id)
+    extra = dict(global_batch=r.global_batch, peak_lr=lr, steps_per_epoch=data.steps_per_epoch)
+    pos.wandb_id = logger.start(args, "imagenet", pos.wandb_id, extra)
     print0(
         f"{args.arch} ({args.recipe} recipe) on {data.n_train} images, {data.num_classes} classes | {info.world_size} "
         f"process(es) on {device.type} ({info.launcher}) | global batch {r.global_batch} = {args.batch_size} x "

@@ -328,11 +328,10 @@ def main(args: argparse.Namespace) -> None:
     n_params = sum(p.numel() for p in r.model.parameters())
     r.logger = logger = MetricsLogger(out, info, args.wandb)
     max_tokens = data.rows * pack_len * info.world_size * args.accum_steps
-    config = logger.write_config(args, dict(
+    pos.wandb_id = logger.start(args, "transformer", pos.wandb_id, dict(
         model_config=asdict(r.cfg), params=n_params, train_pairs=data.n_train, dropped_long_pairs=data.n_long,
         steps_per_epoch=round(r.sampler.steps_per_epoch, 2), max_tokens_per_step=max_tokens, pack_len=pack_len,
         rows_per_batch=data.rows, row_fill=r.sampler.fill, bleu_signature=bleu_signature()))  # fmt: skip
-    pos.wandb_id = logger.start_wandb("transformer", config, pos.wandb_id)
     print0(f"transformer {args.preset} ({n_params / 1e6:.1f}M params) on {data.n_train} pairs | {info.world_size} "
            f"process(es) on {device.type} ({info.launcher}{', FSDP2' if r.fsdp else ''}) | {data.rows} x {pack_len} "
            f"tokens x {info.world_size} x {args.accum_steps} per step, {r.sampler.fill:.1%} of them real | "
