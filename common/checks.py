@@ -69,11 +69,9 @@ def check_host_port(host_port: str, where: str) -> None:
 def check_output_dir(args: argparse.Namespace) -> None:
     """--output-dir can be a directory; --resume none does not overwrite a run without --overwrite."""
     out = Path(args.output_dir)
-    for p in (out, *out.parents):
-        if p.exists():
-            need(p.is_dir(), "--output-dir", args.output_dir, f"is under the file {p}" if p != out else "is a file",
-                 "give a directory")  # fmt: skip
-            break
+    p = next(p for p in (out, *out.parents) if p.exists())  # the filesystem root always does
+    need(p.is_dir(), "--output-dir", args.output_dir, f"is under the file {p}" if p != out else "is a file",
+         "give a directory")  # fmt: skip
     found = [n for n in ("last.pt", "best.pt") if (out / n).is_file()]
     writes = not getattr(args, "evaluate", False) and not getattr(args, "overwrite", True)
     if writes and args.resume == "none" and found:

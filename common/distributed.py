@@ -268,9 +268,8 @@ def _wait_for_master(init_method: str, timeout_s: float) -> None:
                 return
         except OSError as e:
             if time.monotonic() > deadline:
-                why = e.strerror or e
                 raise UserError(
-                    f"rendezvous with {init_method} failed after {timeout_s:.0f}s: {why} ({RDZV_HINT})"
+                    f"rendezvous with {init_method} failed after {timeout_s:.0f}s: {e.strerror or e} ({RDZV_HINT})"
                 ) from None
             time.sleep(0.5)
 

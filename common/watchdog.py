@@ -5,6 +5,7 @@ assignment (``beat``, ``batches``) that a daemon thread reads: no host sync, col
 from __future__ import annotations
 
 import atexit
+import contextlib
 import faulthandler
 import multiprocessing
 import os
@@ -25,7 +26,6 @@ TRAIN_STEP = "in a training step (forward, backward with the gradient all-reduce
 EVAL_DATA = "waiting for the next evaluation batch from the data loader"
 EVAL_STEP = "evaluating (forward passes, then the all-reduce or gather of the results)"
 CHECKPOINT = "writing a checkpoint"
-STARTING = "starting the training loop"
 
 
 class Watchdog:
@@ -34,7 +34,7 @@ class Watchdog:
     def __init__(self, timeout: float, rank: int = 0):
         self.timeout, self.rank = timeout, rank
         # (since, doing what, starting); one tuple, replaced whole: the thread never sees half an update
-        self.state = (time.monotonic(), STARTING, False)
+        self.state = (time.monotonic(), "starting the training loop", False)
         self.stepped = False  # True once a whole training step is done: from then on `timeout` applies
         self._stopped = threading.Event()
         self._poll = min(5.0, timeout / 4)
@@ -99,7 +99,5 @@ class Watchdog:
 
 def _write(text: str) -> None:
     # straight to fd 2: the main thread may be stuck holding sys.stderr's lock
-    try:
+    with contextlib.suppress(OSError):
         os.write(2, text.encode())
-    except OSError:
-        pass
