@@ -39,7 +39,7 @@ from common.checkpoint import (
     set_schedule_position,
 )
 from common.checks import add_run_args, check_shared, need
-from common.data import ExactEvalSampler, ResumableDistributedSampler, SeededDataset, loader_kwargs
+from common.data import ResumableDistributedSampler, SeededDataset, loader_kwargs
 from common.distributed import (
     add_dist_args,
     barrier,
@@ -168,8 +168,8 @@ def build_data(args, info, out: Path) -> SimpleNamespace:
         d.train_loader = torch.utils.data.DataLoader(
             SeededDataset(train_ds, args.seed), args.batch_size, sampler=d.sampler, drop_last=True, **kw
         )
-        d.eval_loader = torch.utils.data.DataLoader(
-            eval_ds, 256, sampler=ExactEvalSampler(len(eval_ds), info.rank, info.world_size), **kw
+        d.eval_loader = torch.utils.data.DataLoader(  # each image on one rank, no padding: exact metrics
+            eval_ds, 256, sampler=range(info.rank, len(eval_ds), info.world_size), **kw
         )
     return d
 

@@ -1,5 +1,5 @@
-"""Samplers for exact evaluation and resumable training (epoch e's order is a pure function of ``(seed, e)``, each
-sample's augmentation of ``(seed, epoch, index)``), and DataLoader workers that never outlive their rank."""
+"""The resumable training sampler (epoch e's order is a pure function of ``(seed, e)``, each sample's augmentation
+of ``(seed, epoch, index)``), and DataLoader workers that never outlive their rank."""
 
 from __future__ import annotations
 
@@ -44,20 +44,6 @@ class ResumableDistributedSampler(Sampler):
 
     def __len__(self) -> int:
         return self.per_rank - self.skip
-
-
-class ExactEvalSampler(Sampler):
-    """Each sample on exactly one rank, no padding: rank r gets r, r+W, ... Counts may differ, so evaluate the bare
-    model (a DDP forward would wait for the other ranks) and all-reduce sums."""
-
-    def __init__(self, num_samples: int, rank: int = 0, world_size: int = 1):
-        self.n, self.rank, self.world = num_samples, rank, world_size
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(range(self.rank, self.n, self.world))
-
-    def __len__(self) -> int:
-        return len(range(self.rank, self.n, self.world))
 
 
 class SeededDataset(Dataset):

@@ -43,7 +43,7 @@ from common.checkpoint import (
     restore_training,
     set_schedule_position,
 )
-from common.data import ExactEvalSampler, ResumableDistributedSampler, SeededDataset, loader_kwargs
+from common.data import ResumableDistributedSampler, SeededDataset, loader_kwargs
 from common.distributed import (
     DistInfo,
     all_reduce_sum,
@@ -121,7 +121,7 @@ def build_data(args, info, channels_last: bool) -> SimpleNamespace:
                 drop_last=True, **kw)  # fmt: skip
     if not args.synthetic:
         val_kw = {**kw, "persistent_workers": False}  # idle between evals: do not hold -j more processes
-        sampler = ExactEvalSampler(d.n_val, info.rank, info.world_size)
+        sampler = range(info.rank, d.n_val, info.world_size)  # each image on one rank, no padding: exact metrics
         d.val_loader = torch.utils.data.DataLoader(val_ds, args.batch_size, sampler=sampler, **val_kw)
     return d
 

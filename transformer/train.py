@@ -42,7 +42,7 @@ from common.checkpoint import (
     resolve_resume,
     restore_training,
 )
-from common.data import ExactEvalSampler, loader_kwargs
+from common.data import loader_kwargs
 from common.distributed import (
     all_reduce_sum,
     broadcast_object,
@@ -107,7 +107,7 @@ def evaluate(model, data, tok, args, info, dtype) -> dict:
     src_ids, tgt_ids, src_text, refs = data
     device = info.device
     model.eval()
-    mine = list(ExactEvalSampler(len(src_ids), info.rank, info.world_size))  # rank r: r, r+W, r+2W, ...
+    mine = list(range(info.rank, len(src_ids), info.world_size))  # each pair on one rank, no padding
     lengths = [max(len(src_ids[i]), len(tgt_ids[i])) + 1 for i in range(len(src_ids))]
     pairs = ParallelDataset(src_ids, tgt_ids)
     sums = torch.zeros(2, device=device, dtype=torch.float64)  # summed NLL, target tokens
