@@ -85,8 +85,7 @@ class CheckpointWriter:
     writing rank passes ``output_dir``, whose temporaries left by killed writes are removed first."""
 
     def __init__(self, output_dir: str | os.PathLike | None = None) -> None:
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+        self._thread, self._error = None, None  # the write in flight; the exception of a failed one
         if output_dir is not None:
             for tmp in [*Path(output_dir).glob(".*.tmp"), *Path(output_dir).glob("step_*.pt.tmp")]:
                 tmp.unlink(missing_ok=True)

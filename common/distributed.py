@@ -358,10 +358,9 @@ def broadcast_buffers(module: torch.nn.Module) -> None:
 
 
 def broadcast_object(obj: Any) -> Any:  # rank 0's object
-    if not is_dist():
-        return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    if is_dist():
+        dist.broadcast_object_list(box, src=0)
     return box[0]
 
 
