@@ -87,7 +87,8 @@ class Watchdog:
         faulthandler.dump_traceback(2, all_threads=True)
         # DataLoader workers die with us: a frozen one would stay an orphan
         for child in multiprocessing.active_children():
-            child.kill()
+            with contextlib.suppress(OSError):  # nothing may keep this thread from the exit below
+                child.kill()
         # no destroy_process_group(): it may block on the very collective that stalled; peers see our sockets close
         _write(
             f"error: rank {self.rank} stalled: no progress for {idle:.0f}s {what} (every thread's stack is above; "
