@@ -15,6 +15,7 @@
 #                preset's script with --compile and with CUDA graphs, and its bare step
 #   scaling      transformer base weak scaling on Multi30k x 8, --compile: 1, 2, ... GPUs side by side
 #   fsdp         transformer base and 1b, DDP against --fsdp, on N GPUs (Multi30k x 8, --compile)
+#   fsdp-large   the same, eager, with the 1b preset deepened until DDP's 16 bytes a parameter exceed a GPU's memory
 #   bleu         Multi30k de->en and en->de (small preset, --compile, 1 GPU)
 #   nccl         all_reduce bus bandwidth (scripts.doctor)
 #
@@ -25,13 +26,13 @@
 set -euo pipefail
 
 usage() {
-  sed -n '2,24s/^# \{0,1\}//p' "$0" >&2
+  sed -n '2,25s/^# \{0,1\}//p' "$0" >&2
   exit 2
 }
 [ $# -ge 1 ] || usage
 workload=$1
 shift
-case $workload in rn50 | jpeg | jpeg-scaling | cifar | cifar-paper | transformer | scaling | fsdp | bleu | nccl) ;; *) usage ;; esac
+case $workload in rn50 | jpeg | jpeg-scaling | cifar | cifar-paper | transformer | scaling | fsdp | fsdp-large | bleu | nccl) ;; *) usage ;; esac
 gpus=$({ nvidia-smi -L 2>/dev/null || true; } | wc -l)
 out=runs/reproduce
 while [ $# -gt 0 ]; do
@@ -180,15 +181,25 @@ scaling) # the runs side by side, each on its own GPUs (1 + 2 + ... of them; one
   wait
   tail -n 3 "$out"/console_tr_base_m8_compile_*.log
   ;;
-fsdp)
-  [ "$gpus" -gt 1 ] || { echo "error: fsdp needs --gpus 2 or more" >&2; exit 2; }
+fsdp | fsdp-large)
+  [ "$gpus" -gt 1 ] || { echo "error: $workload needs --gpus 2 or more" >&2; exit 2; }
   m8_data
   F=(transformer/train.py --data /tmp/m8 --lang-src de --lang-tgt en -p 5 --eval-every 0 -j 4 --vocab-size 8000
-    --resume none --overwrite --compile)
-  for r in "base --max-tokens 65536 --max-steps 60" "1b --max-tokens 16384 --max-steps 40"; do
+    --resume none --overwrite)
+  runs=("base --max-tokens 65536 --max-steps 60 --compile" "1b --max-tokens 16384 --max-steps 40 --compile")
+  modes=(ddp fsdp)
+  if [ "$workload" = fsdp-large ]; then # 117.4M parameters a 1b layer pair: as many pairs as make DDP's 16 bytes
+    # each exceed one GPU's memory; eager (compiling unrolls every layer); FSDP first, as DDP runs out of memory
+    mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+    runs=("1b --layers $((mib * 1048576 / (16 * 117400000) + 2)) --max-tokens 2048 --max-steps 10 -p 2")
+    modes=(fsdp ddp)
+  fi
+  for r in "${runs[@]}"; do
     read -ra a <<<"$r"
-    for mode in ddp fsdp; do
-      name="tr_${a[0]}_m8_${mode}_${gpus}x"
+    for mode in "${modes[@]}"; do
+      name="tr_${a[0]}"
+      [ "${a[1]}" = --layers ] && name+="_l${a[2]}"
+      name+="_m8_${mode}_${gpus}x"
       flag=()
       [ "$mode" = ddp ] || flag=(--fsdp)
       OMP_NUM_THREADS=8 launch "$gpus" "${F[@]}" --preset "${a[@]}" "${flag[@]}" --output-dir "/tmp/$name" \
