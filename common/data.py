@@ -52,9 +52,6 @@ class SeededDataset(Dataset):
     def __init__(self, dataset: Dataset, seed: int):
         self.dataset, self.seed = dataset, seed
 
-    def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
-
     def __getitem__(self, key: tuple[int, int]) -> Any:
         epoch, i = key
         with torch.random.fork_rng(devices=[]):
