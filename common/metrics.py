@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -179,12 +180,10 @@ class Progress:
         self.enabled, self.total, self.bar = info.is_main, total, None
         self.start, self.start_step = time.time(), initial
         if self.enabled and sys.stderr.isatty() and os.environ.get("CI") is None:
-            try:
+            with contextlib.suppress(ImportError):  # without tqdm: plain lines
                 from tqdm import tqdm
 
                 self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
-            except ImportError:
-                pass
 
     def update(self, step: int, text: str) -> None:
         if self.bar is not None:  # only on rank 0
