@@ -124,7 +124,7 @@ class Clock:
 
     def record(self) -> dict[str, float]:
         total = self.total()
-        total["train"] = 2 * total["wall"] - sum(v for k, v in total.items() if k != "train")
+        total["train"] = total["wall"] - sum(v for k, v in total.items() if k != "wall")
         return {k: total.get(k, 0.0) for k in ("start", "data", "compile", "train", "eval", "checkpoint", "wall")}
 
 
