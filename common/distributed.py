@@ -209,7 +209,7 @@ def setup_distributed(args: argparse.Namespace, *, launch: DistInfo | None = Non
             )
         device = torch.device("cuda", launch.local_rank)
         torch.cuda.set_device(device)
-    elif getattr(torch, "xpu", None) is not None and torch.xpu.is_available():
+    elif torch.xpu.is_available():
         device = torch.device("xpu", launch.local_rank)
         torch.xpu.set_device(device)
     else:
