@@ -201,15 +201,14 @@ def restore_training(
     scaler: Any,
     *,
     world_size: int,
-    accum_steps: int,
     batch_size: int | None = None,
+    accum_steps: int = 1,
     ema: Any = None,
     ckpt: dict[str, Any] | None = None,
-    resize: str = "convert",
 ) -> tuple[Position, dict[str, Any]]:
     """Load ``checkpoint_state``'s keys (``ckpt`` if already loaded) into the training objects and ``ema``. If the
-    world size or batch changed, ``resize="convert"`` continues the epoch after the same samples, ``"next_epoch"``
-    (batches of no fixed sample count) at the next epoch boundary."""
+    world size or batch changed, the epoch continues after the same samples (``batch_size=None``: the caller's
+    batches hold no fixed number of samples, and it decides)."""
     ckpt = load_checkpoint(path) if ckpt is None else ckpt
     if model is not None:  # None: the caller loaded weights and optimizer state itself (sharded checkpoints)
         load_model_state(model, ckpt["model"], path)
@@ -225,18 +224,9 @@ def restore_training(
     pos = Position(ckpt["epoch"], ckpt["step"], ckpt["batch_in_epoch"], ckpt["best_metric"], ckpt.get("wandb_id"),
                    ckpt.get("eval_step", ckpt["step"]))  # fmt: skip
     print0(f"resumed from {path}: epoch {pos.epoch}, step {pos.step}, batch {pos.batch_in_epoch} of the epoch")
-    old_world, old_args = ckpt.get("world_size", world_size), ckpt.get("args", {})
-    if resize == "next_epoch":
-        old_accum = old_args.get("accum_steps")
-        if (old_world, old_accum) != (world_size, accum_steps):
-            print0(
-                f"note: checkpoint was written with world size {old_world} x accum {old_accum}, now "
-                f"{world_size} x {accum_steps}; continuing at the next epoch boundary "
-                "(the data order differs from an uninterrupted run)"
-            )
-            pos.epoch, pos.batch_in_epoch = pos.epoch + (pos.batch_in_epoch > 0), 0
-            ckpt = {k: v for k, v in ckpt.items() if k != "loss_window"}
+    if batch_size is None:
         return pos, ckpt
+    old_world, old_args = ckpt.get("world_size", world_size), ckpt.get("args", {})
     old_micro = old_args.get("batch_size", batch_size) * old_world  # samples per micro-batch
     if old_micro != batch_size * world_size:
         pos.batch_in_epoch = pos.batch_in_epoch * old_micro // (batch_size * world_size)

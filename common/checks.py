@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -83,6 +84,19 @@ def check_output_dir(args: argparse.Namespace) -> None:
         raise UserError(f"--resume {args.resume}: no such file (auto, none, or a checkpoint's path)")
 
 
+def check_wandb() -> None:
+    """--wandb: the package is there, and a run can start (offline mode, or an API key)."""
+    try:
+        import wandb
+    except ImportError:
+        raise UserError("--wandb needs the wandb package (pip install wandb), or drop --wandb") from None
+    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun"):
+        return
+    if not os.environ.get("WANDB_API_KEY") and not wandb.login(prompt=False, verify=False):
+        raise UserError("--wandb: not logged in to Weights & Biases (run `wandb login`, set WANDB_API_KEY, "
+                        "or WANDB_MODE=offline to log locally)")  # fmt: skip
+
+
 def add_run_args(parser: argparse.ArgumentParser, output_dir: str, print_freq: int = 50) -> None:
     g = parser.add_argument_group("run")
     g.add_argument("--output-dir", default=output_dir)
@@ -108,8 +122,6 @@ def check_shared(args: argparse.Namespace) -> None:
     if hasattr(args, "output_dir"):
         check_output_dir(args)
     if getattr(args, "wandb", False):
-        from common.metrics import check_wandb
-
         check_wandb()
 
 

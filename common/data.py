@@ -52,9 +52,6 @@ class SeededDataset(Dataset):
     def __init__(self, dataset: Dataset, seed: int):
         self.dataset, self.seed = dataset, seed
 
-    def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
-
     def __getitem__(self, key: tuple[int, int]) -> Any:
         epoch, i = key
         with torch.random.fork_rng(devices=[]):
@@ -88,8 +85,7 @@ def leave_signals_to_the_rank(block: bool = False) -> None:
 
 
 def init_worker(worker_id: int) -> None:
-    """DataLoader worker_init_fn: seed python/numpy from the worker's torch seed, die with the fork server, leave
-    stop signals to the rank. The imports inherited with the GC off are frozen: their pages stay shared."""
+    """DataLoader worker_init_fn. What it inherited with the GC off is frozen, so that those pages stay shared."""
     gc.freeze()
     gc.enable()
 

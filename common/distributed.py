@@ -209,7 +209,7 @@ def setup_distributed(args: argparse.Namespace, *, launch: DistInfo | None = Non
             )
         device = torch.device("cuda", launch.local_rank)
         torch.cuda.set_device(device)
-    elif getattr(torch, "xpu", None) is not None and torch.xpu.is_available():
+    elif torch.xpu.is_available():
         device = torch.device("xpu", launch.local_rank)
         torch.xpu.set_device(device)
     else:
@@ -325,7 +325,7 @@ def cleanup_distributed() -> None:
     _exit_if_launcher_gone()
     while _AT_CLEANUP:
         _AT_CLEANUP.pop()()
-    if dist.is_available() and dist.is_initialized():
+    if is_dist():
         # a DDP model in a reference cycle holds its process group; freed at interpreter shutdown instead, Gloo's
         # threads abort the process ("terminate called without an active exception")
         gc.collect()

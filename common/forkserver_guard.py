@@ -1,7 +1,5 @@
-"""Imported by the DataLoader fork server only, first (``common.data.worker_context`` preloads it): the server
-imports the heavy modules after it with Python's cyclic GC off (each worker freezes what it inherits and turns the
-collector on, in ``init_worker``), dies with the rank that started it, and its workers with it (see
-``common.data.die_with_parent``), and ignores the signals that its rank handles (``leave_signals_to_the_rank``)."""
+"""The DataLoader fork server's first import (``data.worker_context`` preloads it): the heavy imports after it run
+with the cyclic GC off, and the server dies with its rank and leaves stop signals to it (see ``common/data.py``)."""
 
 import gc
 

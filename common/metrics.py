@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -80,19 +81,6 @@ def _lock(out: Path) -> str | None:
     return None
 
 
-def check_wandb() -> None:
-    """--wandb: the package is there, and a run can start (offline mode, or an API key)."""
-    try:
-        import wandb
-    except ImportError:
-        raise UserError("--wandb needs the wandb package (pip install wandb), or drop --wandb") from None
-    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun"):
-        return
-    if not os.environ.get("WANDB_API_KEY") and not wandb.login(prompt=False, verify=False):
-        raise UserError("--wandb: not logged in to Weights & Biases (run `wandb login`, set WANDB_API_KEY, "
-                        "or WANDB_MODE=offline to log locally)")  # fmt: skip
-
-
 class MetricsLogger:
     """Writes ``config.json`` and appends JSON lines to ``metrics.jsonl`` (rank 0 only)."""
 
@@ -100,7 +88,7 @@ class MetricsLogger:
         self.info, self.enabled = info, info.is_main
         self.path = Path(output_dir) / "metrics.jsonl"
         self.output_dir = Path(output_dir)
-        self.wandb, self.use_wandb = None, use_wandb and self.enabled  # the package was checked (check_wandb)
+        self.wandb, self.use_wandb = None, use_wandb and self.enabled  # the package was checked (checks.check_wandb)
 
     def start(self, args: Any, project: str, run_id: str | None, extra: dict[str, Any]) -> str | None:
         """Write config.json, and start a wandb run (or resume the checkpoint's ``run_id``); returns the run's id."""
@@ -192,12 +180,10 @@ class Progress:
         self.enabled, self.total, self.bar = info.is_main, total, None
         self.start, self.start_step = time.time(), initial
         if self.enabled and sys.stderr.isatty() and os.environ.get("CI") is None:
-            try:
+            with contextlib.suppress(ImportError):  # without tqdm: plain lines
                 from tqdm import tqdm
 
                 self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
-            except ImportError:
-                pass
 
     def update(self, step: int, text: str) -> None:
         if self.bar is not None:  # only on rank 0

@@ -52,11 +52,11 @@ class Watchdog:
         # an evaluation loader starts its workers for its first batch
         self.state = (time.monotonic(), waiting, evaluating)
         for item in iterable:
-            self.state = (time.monotonic(), working, False)
+            self.beat(working)
             yield item
             self.stepped = True
-            self.state = (time.monotonic(), waiting, False)
-        self.state = (time.monotonic(), working, False)
+            self.beat(waiting)
+        self.beat(working)
 
     def stop(self) -> None:
         self._stopped.set()

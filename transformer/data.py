@@ -15,6 +15,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset, Sampler
 
+from common.checkpoint import Position
 from common.distributed import DistInfo, broadcast_object, mix_seed, print0
 from common.errors import UserError
 
@@ -476,3 +477,18 @@ class PackedBatchSampler(Sampler):
 
     def __len__(self) -> int:
         return (self.steps_before(self.until) - self.steps_before(self.epoch)) * self.accum - self.skip
+
+
+def continue_at_next_epoch(pos: Position, ckpt: dict, world_size: int, accum_steps: int) -> dict:
+    """After a resume with another world size or accumulation, which deals other steps: move ``pos`` to the next
+    epoch boundary, and return the checkpoint without its loss window (of the old steps)."""
+    old_world, old_accum = ckpt.get("world_size", world_size), ckpt.get("args", {}).get("accum_steps")
+    if (old_world, old_accum) != (world_size, accum_steps):
+        print0(
+            f"note: checkpoint was written with world size {old_world} x accum {old_accum}, now "
+            f"{world_size} x {accum_steps}; continuing at the next epoch boundary "
+            "(the data order differs from an uninterrupted run)"
+        )
+        pos.epoch, pos.batch_in_epoch = pos.epoch + (pos.batch_in_epoch > 0), 0
+        ckpt = {k: v for k, v in ckpt.items() if k != "loss_window"}
+    return ckpt

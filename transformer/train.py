@@ -66,6 +66,7 @@ from .data import (
     PackedRows,
     ParallelDataset,
     collate,
+    continue_at_next_epoch,
     decode,
     encode,
     load_corpus,
@@ -319,10 +320,9 @@ def main(args: argparse.Namespace) -> None:
             r.fsdp.load(ckpt_path, ckpt, r.model, r.optimizer)
         elif "shards" in ckpt:
             raise UserError(f"{ckpt_path} is a sharded checkpoint of an FSDP run (resume it with --fsdp)")
-        # Another world size or accumulation cuts epochs into other batches: continue at the next epoch boundary.
         pos, ckpt = restore_training(ckpt_path, *((None, None) if r.fsdp else (r.model, r.optimizer)), r.scheduler,
-                                     r.scaler, ckpt=ckpt, world_size=info.world_size, accum_steps=args.accum_steps,
-                                     resize="next_epoch")  # fmt: skip
+                                     r.scaler, ckpt=ckpt, world_size=info.world_size)  # fmt: skip
+        ckpt = continue_at_next_epoch(pos, ckpt, info.world_size, args.accum_steps)
     r.writer = CheckpointWriter(out if info.is_main else None)  # writes on a thread
 
     n_params = sum(p.numel() for p in r.model.parameters())
