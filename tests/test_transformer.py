@@ -506,7 +506,7 @@ def test_max_steps_stop_then_a_longer_run_equals_one_run(tmp_path, monkeypatch, 
 
 @pytest.mark.slow
 def test_compiled_model_and_loss_train_like_eager_under_ddp(eager_ddp, tmp_path):
-    """--compile compiles each layer and the loss (dynamic shapes) inside the DDP model; with 2 processes and
+    """--compile compiles the DDP model and the loss (one static shape each); with 2 processes and
     gradient accumulation (no_sync on the first micro-batch) the logged losses match the eager run's. The compiled
     run also takes --eval-every 0: no evaluation, no best.pt."""
     torchrun(
