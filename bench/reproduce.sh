@@ -14,7 +14,7 @@
 #   transformer  1 GPU: transformer base, the bare step against the script on Multi30k x 8 (--compile); the small
 #                preset's script with --compile and with CUDA graphs, and its bare step
 #   scaling      transformer base weak scaling on Multi30k x 8, --compile: 1, 2, ... GPUs side by side
-#   fsdp         transformer base and 1b, DDP against --fsdp, on N GPUs (Multi30k x 8, --compile)
+#   fsdp         transformer base and 1b (or $FSDP_PRESETS), DDP against --fsdp, on N GPUs (Multi30k x 8, --compile)
 #   fsdp-large   the same, eager, with the 1b preset deepened until DDP's 16 bytes a parameter exceed a GPU's memory
 #   bleu         Multi30k de->en and en->de (small preset, --compile, 1 GPU)
 #   nccl         all_reduce bus bandwidth (scripts.doctor)
@@ -186,22 +186,27 @@ fsdp | fsdp-large)
   m8_data
   F=(transformer/train.py --data /tmp/m8 --lang-src de --lang-tgt en -p 5 --eval-every 0 -j 4 --vocab-size 8000
     --resume none --overwrite)
-  runs=("base --max-tokens 65536 --max-steps 60 --compile" "1b --max-tokens 16384 --max-steps 40 --compile")
-  modes=(ddp fsdp)
+  runs=() # PRESET ARGS:MODES, the modes ddp, fsdp (--fsdp: a unit a layer), fsdpmodel (--fsdp model: one unit)
+  for p in ${FSDP_PRESETS:-base 1b}; do # FSDP_PRESETS: a subset of "base 1b"
+    case $p in
+    base) runs+=("base --max-tokens 65536 --max-steps 60 --compile:ddp fsdp fsdpmodel") ;;
+    1b) runs+=("1b --max-tokens 16384 --max-steps 40 --compile:ddp fsdp") ;;
+    *) usage ;;
+    esac
+  done
   if [ "$workload" = fsdp-large ]; then # 117.4M parameters a 1b layer pair: as many pairs as make DDP's 16 bytes
     # each exceed one GPU's memory; eager (compiling unrolls every layer); FSDP first, as DDP runs out of memory
     mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-    runs=("1b --layers $((mib * 1048576 / (16 * 117400000) + 2)) --max-tokens 2048 --max-steps 10 -p 2")
-    modes=(fsdp ddp)
+    runs=("1b --layers $((mib * 1048576 / (16 * 117400000) + 2)) --max-tokens 2048 --max-steps 10 -p 2:fsdp ddp")
   fi
   for r in "${runs[@]}"; do
-    read -ra a <<<"$r"
+    read -ra a <<<"${r%%:*}"
+    read -ra modes <<<"${r#*:}"
     for mode in "${modes[@]}"; do
       name="tr_${a[0]}"
       [ "${a[1]}" = --layers ] && name+="_l${a[2]}"
       name+="_m8_${mode}_${gpus}x"
-      flag=()
-      [ "$mode" = ddp ] || flag=(--fsdp)
+      case $mode in ddp) flag=() ;; fsdp) flag=(--fsdp) ;; fsdpmodel) flag=(--fsdp model) ;; esac
       OMP_NUM_THREADS=8 launch "$gpus" "${F[@]}" --preset "${a[@]}" "${flag[@]}" --output-dir "/tmp/$name" \
         >"$out/console_$name$hw.log" 2>&1 && keep "/tmp/$name" "$name" || echo "$name: exit $?"
       tail -n 2 "$out/console_$name$hw.log"

@@ -1,6 +1,6 @@
 """transformer/train.py --fsdp (FSDP2 and torch.distributed.checkpoint) against DDP, on CPU with gloo: the same losses,
 an exact resume after a SIGKILL in the middle of a sharded save, a resume on 3 processes, a DDP checkpoint as the
-start, and best.pt for translate.py. Six short torchrun jobs, shared between the tests."""
+start, best.pt for translate.py, and the whole model as one unit. Nine short torchrun jobs, shared between the tests."""
 
 from __future__ import annotations
 
@@ -147,4 +147,17 @@ def test_compiled_fsdp_trains_like_eager(fsdp, tmp_path):
     torchrun(2, *FSDP, *NO_EVAL, "--compile", "--output-dir", tmp_path, timeout=300)
     a, b = losses(fsdp), losses(tmp_path)
     assert sorted(a) == sorted(b) == list(range(1, 9))
+    assert all(b[s] == pytest.approx(a[s], rel=1e-6, abs=0) for s in a), (a, b)
+
+
+def test_one_unit_trains_like_ddp_and_a_layer_a_unit_resumes_it(ddp, tmp_path):
+    """--fsdp model (the whole model one unit) for 4 steps, then the same command with --fsdp (a unit a layer) to 8:
+    each step's loss agrees with DDP's to 1e-6, so the one-unit run trains like DDP and its shards hold the whole
+    state (weights and Adam's) in the names and layout that a unit a layer reads back."""
+    one_unit = [*ARGS, *NO_EVAL, "--save-every-steps", "4", "--output-dir", tmp_path]
+    torchrun(2, *one_unit, "--fsdp", "model", "--max-steps", "4")
+    log = torchrun(2, *one_unit, "--fsdp", "--max-steps", "8").stdout
+    assert "epoch 0, step 4, batch 8 of the epoch" in log, log[-3000:]
+    a, b = losses(ddp), losses(tmp_path)
+    assert sorted(b) == list(range(1, 9)) and a[1] == b[1], (a, b)
     assert all(b[s] == pytest.approx(a[s], rel=1e-6, abs=0) for s in a), (a, b)

@@ -1,9 +1,9 @@
 """FSDP2 for train.py --fsdp: the model sharded over the processes, checkpoints through torch.distributed.checkpoint.
 
 Under DDP every rank holds the whole model, its gradients and Adam's two moments: 16 bytes a parameter. FSDP2
-(`fully_shard`) keeps 1/N of each on each of N ranks, and gathers one layer's weights just before its forward and
-backward. torch.distributed.fsdp and .checkpoint are imported where used: only --fsdp needs them, and they import
-slowly.
+(`fully_shard`) keeps 1/N of each on each of N ranks, and gathers one layer's weights (--fsdp model: all of them)
+just before its forward and backward. torch.distributed.fsdp and .checkpoint are imported where used: only --fsdp
+needs them, and they import slowly.
 
 A checkpoint is two things: `last.pt` (or `best.pt`), the small file of everything but the weights and optimizer
 state, in the schema of every other run (common/checkpoint.py), naming `last.<step>-<tag>.dcp/`, the directory of
@@ -30,11 +30,13 @@ if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule
 
 
-def shard(model: torch.nn.Module, dtype: torch.dtype | None, device: torch.device) -> torch.nn.Module:
-    """Each encoder and decoder layer one unit (its weights gathered for its forward and backward, then freed), the
-    embedding and final norms the root's. The model comes from host memory and goes to ``device`` a layer at a
-    time, sharded before the next one moves: no device ever holds it whole. Under bf16 the weights are gathered and
-    used in bf16, the gradients reduced in fp32; the fp32 master copy stays sharded."""
+def shard(model: torch.nn.Module, dtype: torch.dtype | None, device: torch.device, unit: str) -> torch.nn.Module:
+    """``unit`` "layer": each encoder and decoder layer one unit (its weights gathered for its forward and backward,
+    then freed), the embedding and final norms the root's. "model": the root's one unit, gathered once a step and
+    kept through the backward. Each unit costs host time a step (its hooks, copies and collectives): small layers,
+    as in `base`, compute in less time than that, and the GPU waits. The model comes from host memory and goes to
+    ``device`` a layer at a time, each layer unit sharded before the next one moves. Under bf16 the weights are
+    gathered and used in bf16, the gradients reduced in fp32; the fp32 master copy stays sharded."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if not is_dist() or dist.get_world_size() == 1:
@@ -42,7 +44,8 @@ def shard(model: torch.nn.Module, dtype: torch.dtype | None, device: torch.devic
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
     for layer in [*model.encoder, *model.decoder]:
         _from_rank0(layer.to(device))
-        fully_shard(layer, mp_policy=mp)
+        if unit == "layer":
+            fully_shard(layer, mp_policy=mp)
     for name, child in model.named_children():
         if name not in ("encoder", "decoder"):
             _from_rank0(child.to(device))

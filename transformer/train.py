@@ -293,7 +293,7 @@ def main(args: argparse.Namespace) -> None:
     r.model = r.ddp = Transformer(r.cfg).to("cpu" if r.fsdp else device)  # what we save, evaluate and restore
     # [DDP 3] wrap the model: gradients are averaged across ranks during backward.
     if r.fsdp:  # [FSDP 3] or shard it: each rank keeps 1/N of the weights, gradients and optimizer state
-        r.model = r.ddp = r.fsdp.shard(r.model, r.dtype, device)
+        r.model = r.ddp = r.fsdp.shard(r.model, r.dtype, device, args.fsdp)
         r.no_sync = functools.partial(r.fsdp.no_sync, r.model)
     elif info.world_size > 1:
         ids = [device.index] if device.type == "cuda" else None
