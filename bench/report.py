@@ -171,6 +171,7 @@ def figures() -> list[tuple]:
         (B, "brings `base` within {:.0f}% of DDP", max(100 * (1 - fsdp["base", n][2][0] / fsdp["base", n][0][0]) for n in (2, 4))),
         (B, "DDP's 16 bytes a parameter, {:.1f} GiB.", 16 * 1073.9e6 / 2**30),
         (B, "layers, {:.2f}B parameters", big / 1e3), (B, "alone would take {:.1f} GiB a GPU", 16 * big * 1e6 / 2**30),
+        (B, "slow `--fsdp model` from {:,.0f} to {:,.0f} tokens/s", *(median(f"tr_base_m8_fsdpmodel_{m}_2xh200.jsonl", "tok_per_s") for m in ("compile", "cudagraphs"))),
         (B, "4 H200s: {:,.0f} tokens/s, {:.1f} GiB a GPU at peak", median("tr_1b_l82_m8_fsdp_4xh200.jsonl", "tok_per_s"), peak("tr_1b_l82_m8_fsdp_4xh200.jsonl")),
         *[(B, f"| {{:.2f}} at epoch 20, {{:.2f}} at {e}, best **{{:.2f}}** |", val(x, "bleu", 20), val(x, "bleu", e), best(x)) for x, e in ((bleu1, 60), (bleu2, 40))],
         (B, "a best BLEU of **{:.2f}** at 0.4", best("tr_small_deen_bleu_packed_d04_t8k_1xh100.jsonl")), (B, "and {:.2f} at 0.3", best("multi30k_deen_small_packed_compile_1xh100.jsonl")),

@@ -199,6 +199,7 @@ CASES = [
     ("transformer", TR, ["--resume", "none"], {}, "--resume none would overwrite the run in"),
     ("transformer", TR, ["--compile-mode", "reduce-overhead"], {}, "--compile-mode needs --compile"),
     ("transformer", TR, ["--fsdp", "all"], {}, "argument --fsdp: invalid choice: 'all'"),
+    ("transformer", TR, ["--fsdp", "--compile", "--compile-mode", "reduce-overhead"], {}, "slower than --compile"),
     ("transformer", TR, ["--fsdp", "--amp", "fp16"], {}, "--amp fp16 does not work with --fsdp (use --amp bf16)"),
     ("transformer", TR, ["--fsdp", "--keep-last", "2"], {}, "--keep-last 2 does not work with --fsdp"),
     ("transformer", TR, ["--fsdp", "--output-dir", "{tmp}/o"], {}, "--fsdp needs 2 or more processes"),
