@@ -154,9 +154,9 @@ def test_one_unit_trains_like_ddp_and_a_layer_a_unit_resumes_it(ddp, tmp_path):
     """--fsdp model (the whole model one unit) for 4 steps, then the same command with --fsdp (a unit a layer) to 8:
     each step's loss agrees with DDP's to 1e-6, so the one-unit run trains like DDP and its shards hold the whole
     state (weights and Adam's) in the names and layout that a unit a layer reads back."""
-    one_unit = [*ARGS, *NO_EVAL, "--save-every-steps", "4", "--output-dir", tmp_path]
-    torchrun(2, *one_unit, "--fsdp", "model", "--max-steps", "4")
-    log = torchrun(2, *one_unit, "--fsdp", "--max-steps", "8").stdout
+    one_unit = [*ARGS, "--save-every-steps", "4", "--output-dir", tmp_path]
+    torchrun(2, *one_unit, "--fsdp", "model", "--max-steps", "4")  # and an evaluation at its end, weights gathered
+    log = torchrun(2, *one_unit, *NO_EVAL, "--fsdp", "--max-steps", "8").stdout
     assert "epoch 0, step 4, batch 8 of the epoch" in log, log[-3000:]
     a, b = losses(ddp), losses(tmp_path)
     assert sorted(b) == list(range(1, 9)) and a[1] == b[1], (a, b)
