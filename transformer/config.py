@@ -90,7 +90,7 @@ def check_args(args: argparse.Namespace) -> None:
     need(args.dropout is None or 0 <= args.dropout < 1, "--dropout", args.dropout, "must be in [0, 1)", "e.g. 0.1")
     need(not (args.fsdp and args.amp == "fp16"), "--amp", "fp16", "does not work with --fsdp", "use --amp bf16")
     need(not (args.fsdp and args.keep_last), "--keep-last", args.keep_last, "does not work with --fsdp", "0 with it")
-    ro = args.fsdp and args.compile_mode == "reduce-overhead"  # measured: BENCHMARKS.md, "DDP or FSDP2"
-    need(not ro, "--compile-mode", "reduce-overhead", "is slower than --compile alone under --fsdp", "drop it")
+    graphs = args.fsdp and args.compile_mode == "reduce-overhead"  # measured: BENCHMARKS.md, "DDP or FSDP2"
+    need(not graphs, "--compile-mode", "reduce-overhead", "is slower than --compile alone under --fsdp", "drop it")
     width, heads = args.d_model or PRESETS[args.preset]["d_model"], args.heads or PRESETS[args.preset]["n_heads"]
     need(width % heads == 0, "--heads", heads, f"does not divide the width {width}", "pick a divisor of --d-model")
