@@ -41,7 +41,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
     g.add_argument("--fsdp", nargs="?", const="layer", choices=("layer", "model"), default=None,
                    help="shard weights, gradients and optimizer state (FSDP2), not DDP; gathered a layer at a "
-                   "time (layer, the default) or all at once a step (model: faster for small layers)")  # fmt: skip
+                   "time (layer, the default: least memory) or all at once a step (model: fastest)")  # fmt: skip
     g.add_argument("--compile", action="store_true", help="torch.compile the training model (one static shape)")
     g.add_argument("--compile-mode", default=None, help="torch.compile mode, e.g. reduce-overhead (CUDA graphs)")
     g.add_argument(

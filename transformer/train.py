@@ -333,9 +333,9 @@ def main(args: argparse.Namespace) -> None:
         steps_per_epoch=round(r.sampler.steps_per_epoch, 2), max_tokens_per_step=max_tokens, pack_len=pack_len,
         rows_per_batch=data.rows, row_fill=r.sampler.fill, bleu_signature=bleu_signature()))  # fmt: skip
     print0(f"transformer {args.preset} ({n_params / 1e6:.1f}M params) on {data.n_train} pairs | {info.world_size} "
-           f"process(es) on {device.type} ({info.launcher}{', FSDP2' if r.fsdp else ''}) | {data.rows} x {pack_len} "
-           f"tokens x {info.world_size} x {args.accum_steps} per step, {r.sampler.fill:.1%} of them real | "
-           f"{r.sampler.steps_per_epoch:.1f} steps/epoch | peak lr {args.lr:.4g}")  # fmt: skip
+           f"process(es) on {device.type} ({info.launcher}{', FSDP2 by ' + args.fsdp if r.fsdp else ''}) | {data.rows} "
+           f"x {pack_len} tokens x {info.world_size} x {args.accum_steps} per step, {r.sampler.fill:.1%} of them real "
+           f"| {r.sampler.steps_per_epoch:.1f} steps/epoch | peak lr {args.lr:.4g}")  # fmt: skip
     total_steps = r.sampler.steps_before(args.epochs)
     max_steps = min(total_steps, args.max_steps or total_steps)
     r.progress, r.stop = Progress(info, max_steps, pos.step), StopSignal()
