@@ -112,7 +112,7 @@ def figures() -> list[tuple]:
     fs = lambda p, n, m: f"tr_{p}_m8_{m}_{n}xh200.jsonl"  # noqa: E731
     peak = lambda log: max(r["max_mem_gib"] for r in records(log))  # noqa: E731
     big = grab("console_tr_1b_l82_m8_fsdp_4xh200.log", r"\(([\d.]+)M params")  # the deepened 1b, millions of parameters
-    fsdp = {(p, n): [(median(fs(p, n, m), "tok_per_s"), peak(fs(p, n, m))) for m in ("ddp", "fsdp", "fsdpmodel")[: 3 if p == "base" else 2]] for p in ("base", "1b") for n in (2, 4)}
+    fsdp = {(p, n): [(median(fs(p, n, m), "tok_per_s"), peak(fs(p, n, m))) for m in ("ddp", "fsdp", "fsdpmodel")] for p in ("base", "1b") for n in (2, 4)}
     return [
         # cifar_resnet/README.md and transformer/README.md: the recipes
         *[(CI, "| {:.2f} ± {:.2f}% | {:.0f}–{:.0f} s", *ms(accs(x)), min(walls(w)), max(walls(w))) for x, w in ((fast, fast), (full18, full18[1:]), (r50, r50), (r50x2, r50x2), (r20, r20[1:]))],
@@ -164,9 +164,8 @@ def figures() -> list[tuple]:
         (B, "per {:.1f} ms\nstep: matmuls {:.1f} ms ({:.0f}% of the GPU's peak already), FlexAttention {:.1f} ms and\n{:.1f} ms", grab(prof, r"^wall ([\d.]+) ms/step"), prof_mm,
          100 * 6 * 48.2e6 * 63775 / (prof_mm / 1e3) / 989e12, grab(prof, r"attention \(SDPA\): ([\d.]+) ms"), grab(prof, r"fused elementwise/norm \(Triton\): ([\d.]+) ms")),
         (B, "| 1 | {:,.0f} | — |", m8[0]), (B, "| 2 | {:,.0f} | **{:.1f}%** |", m8[1], eff(m8[1], m8[0], 2)),
-        *[(B, "| `base`, 48.2M | {} | {:,.0f} | {:,.0f} ({:.1f}%) | **{:,.0f} ({:.1f}%)** | {:.1f}, {:.1f}, {:.1f} |", n, d, f, 100 * f / d, m, 100 * m / d, md, mf, mm)
-          for n in (2, 4) for (d, md), (f, mf), (m, mm) in [fsdp["base", n]]],
-        *[(B, "| `1b`, 1.07B | {} | {:,.0f} | {:,.0f} ({:.1f}%) | — | {:.1f}, {:.1f}, — |", n, d, f, 100 * f / d, md, mf) for n in (2, 4) for (d, md), (f, mf) in [fsdp["1b", n]]],
+        *[(B, f"| `{p}`, {size} | {{}} | {{:,.0f}} | {{:,.0f}} ({{:.1f}}%) | **{{:,.0f}} ({{:.1f}}%)** | {{:.1f}}, {{:.1f}}, {{:.1f}} |", n, d, f, 100 * f / d, m, 100 * m / d, md, mf, mm)
+          for p, size in (("base", "48.2M"), ("1b", "1.07B")) for n in (2, 4) for (d, md), (f, mf), (m, mm) in [fsdp[p, n]]],
         (B, "waiting: {:.0f}–{:.0f}% of the throughput lost", *sorted(100 * (1 - fsdp["base", n][1][0] / fsdp["base", n][0][0]) for n in (2, 4))),
         (B, "brings `base` within {:.0f}% of DDP", max(100 * (1 - fsdp["base", n][2][0] / fsdp["base", n][0][0]) for n in (2, 4))),
         (B, "DDP's 16 bytes a parameter, {:.1f} GiB.", 16 * 1073.9e6 / 2**30),

@@ -190,7 +190,7 @@ fsdp | fsdp-large)
   for p in ${FSDP_PRESETS:-base 1b}; do # FSDP_PRESETS: a subset of "base 1b"
     case $p in
     base) runs+=("base --max-tokens 65536 --max-steps 60 --compile:ddp fsdp fsdpmodel") ;;
-    1b) runs+=("1b --max-tokens 16384 --max-steps 40 --compile:ddp fsdp") ;;
+    1b) runs+=("1b --max-tokens 16384 --max-steps 40 --compile:ddp fsdp fsdpmodel") ;;
     *) usage ;;
     esac
   done
