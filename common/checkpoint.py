@@ -242,6 +242,8 @@ def restore_training(
 def set_schedule_position(scheduler: Any, step: int, peak_lr: float) -> None:
     """Put a LambdaLR at optimizer step ``step`` with this run's peak LR: after a resume with another global batch,
     the saved base LR is stale."""
+    if step == scheduler.last_epoch and all(b == peak_lr for b in scheduler.base_lrs):
+        return  # already there: a further step() would count one the uninterrupted run never took (_step_count)
     scheduler.base_lrs = [peak_lr] * len(scheduler.base_lrs)
     scheduler.last_epoch = step - 1
     with warnings.catch_warnings():

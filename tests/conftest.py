@@ -197,8 +197,8 @@ def restart_after_sigkill(cmd, out, at, restarts=1) -> list[int]:
 
 def assert_same_training_state(ref: dict, got: dict) -> None:
     """Two checkpoints hold the same training state, bit for bit: step, epoch, weights, every optimizer state tensor
-    (Adam's moments, SGD's momentum)."""
-    assert (got["step"], got["epoch"]) == (ref["step"], ref["epoch"])
+    (Adam's moments, SGD's momentum), the LR scheduler's state."""
+    assert (got["step"], got["epoch"], got["scheduler"]) == (ref["step"], ref["epoch"], ref["scheduler"])
     for k, v in ref["model"].items():
         assert torch.equal(v, got["model"][k]), k
     for i, state in ref["optimizer"]["state"].items():
