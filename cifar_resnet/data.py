@@ -171,7 +171,11 @@ def load_splits(args, transform_train, transform_eval, cache_dir: Path, writer: 
         if args.download:
             from torchvision import datasets
 
-            datasets.CIFAR10(str(root), download=True)  # fetch and MD5-check once
+            try:
+                datasets.CIFAR10(str(root), download=True)  # fetch and MD5-check once
+            except (OSError, RuntimeError) as e:  # no network, a proxy, a failed checksum
+                raise UserError(f"--download: cannot fetch CIFAR-10 into {root} ({str(e)[:160]}) (check the network, "
+                                "or put cifar-10-batches-py/ there by hand)") from None  # fmt: skip
         train = read_pickles(root / "cifar-10-batches-py", train=True)
         test, eval_name = read_pickles(root / "cifar-10-batches-py", train=False), "test"
     elif (root / "train").is_dir():

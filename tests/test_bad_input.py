@@ -128,6 +128,8 @@ CASES = [
     ("cifar", CIFAR, ["--dist-url", "tcp://127.0.0.1:29500", "--world-size", "2", "--rank", "2"], {},
      "rank 2 (from --rank/--world-size) is out of range for world size 2"),
     ("cifar", ["--data-dir", "/nonexistent", "-j", "0"], [], {}, "no CIFAR-10 at /nonexistent"),
+    ("cifar", ["--download", "--data-dir", "{tmp}/dl", "-j", "0"], [], {"https_proxy": "http://127.0.0.1:9",
+     "HTTPS_PROXY": "http://127.0.0.1:9"}, "--download: cannot fetch CIFAR-10 into {tmp}/dl"),  # a proxy refusing
     ("cifar", ["--data-dir", "{cifar11}", "-j", "0"], [], {}, "train has 11 class folders but the model has 10"),
     ("cifar", ["--data-dir", "{cifar_corrupt}", "-j", "0"], [], {}, "unreadable image {cifar_corrupt}/train/class3/"),
     ("cifar", ["--data-dir", "{cifar_evil}", "-j", "0"], [], {}, "it names posix.system, which a CIFAR-10 batch"),
