@@ -348,7 +348,7 @@ def main(args: argparse.Namespace) -> None:
         if not r.stopped and pos.eval_due(args.eval_every, args.epochs, max_steps):  # a preempted run's rerun does it
             m = evaluate(r)
             logger.log({"split": data.eval_name, "epoch": pos.epoch, "step": pos.step, **m})
-            r.progress.write(f"epoch {pos.epoch} {data.eval_name}: {describe(m)}")
+            print0(f"epoch {pos.epoch} {data.eval_name}: {describe(m)}")
             if m["acc1"] > pos.best_metric:
                 pos.best_metric = m["acc1"]
                 save_state("best.pt", r, pos)
@@ -358,7 +358,6 @@ def main(args: argparse.Namespace) -> None:
         r.loss_window.t0 += save_state("last.pt", r, pos)  # keep checkpoint time out of the throughput too
     r.stop.close()
     r.watchdog.stop()
-    r.progress.close()
     r.writer.wait()  # the last checkpoint is on disk before the run says so
     if r.stopped:
         r.stop.exit_preempted(pos.step, logger)

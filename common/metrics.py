@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import os
@@ -174,32 +173,14 @@ class LossWindow:
 
 
 class Progress:
-    """Rank-0 progress: tqdm on a terminal, plain lines otherwise (CI, Slurm logs)."""
+    """Rank-0 progress lines with the time left: one format on a terminal and in a log (CI, Slurm)."""
 
     def __init__(self, info: DistInfo, total: int, initial: int = 0):
-        self.enabled, self.total, self.bar = info.is_main, total, None
+        self.enabled, self.total = info.is_main, total
         self.start, self.start_step = time.time(), initial
-        if self.enabled and sys.stderr.isatty() and os.environ.get("CI") is None:
-            with contextlib.suppress(ImportError):  # without tqdm: plain lines
-                from tqdm import tqdm
-
-                self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
 
     def update(self, step: int, text: str) -> None:
-        if self.bar is not None:  # only on rank 0
-            self.bar.n = step
-            self.bar.set_postfix_str(text, refresh=True)
-        elif self.enabled:
+        if self.enabled:
             done, left = step - self.start_step, self.total - step
             eta = str(datetime.timedelta(seconds=int((time.time() - self.start) / done * left))) if done > 0 else "?"
             print(f"step {step}/{self.total} {text} eta {eta}", flush=True)
-
-    def write(self, text: str) -> None:
-        if self.bar is not None:
-            self.bar.write(text)
-        elif self.enabled:
-            print(text, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()

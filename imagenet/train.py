@@ -358,7 +358,6 @@ def main(args: argparse.Namespace, launch: DistInfo | None = None) -> None:
         r.loss_window.t0 += save_state("last.pt", r, pos)  # keep checkpoint time out of the throughput too
     r.stop.close()
     r.watchdog.stop()
-    r.progress.close()
     if r.n_skipped:
         print0(f"skipped {r.n_skipped} unreadable training image(s), listed above as warnings")
     if data.gpu_decode:  # training images each decoder took on rank 0 (cpu: what nvJPEG refused)

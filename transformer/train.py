@@ -146,10 +146,10 @@ def log_eval(r: SimpleNamespace, split: str, pos: Position) -> dict:
     r.logger.log({"split": split, "epoch": pos.epoch, "step": pos.step, "loss": m["loss"], "bleu": m["bleu"],
                   "count": m["count"]})  # fmt: skip
     how = "greedy" if r.args.beam == 1 else f"beam {r.args.beam}"
-    r.progress.write(f"epoch {pos.epoch} {split}: loss {m['loss']:.4f} BLEU {m['bleu']:.2f} ({m['count']} sentences, "
+    print0(f"epoch {pos.epoch} {split}: loss {m['loss']:.4f} BLEU {m['bleu']:.2f} ({m['count']} sentences, "
                      f"{how}; sacreBLEU {m['bleu_signature']})")  # fmt: skip
     for s, ref, h in m["samples"]:
-        r.progress.write(f"  src: {s}\n  ref: {ref}\n  hyp: {h}")
+        print0(f"  src: {s}\n  ref: {ref}\n  hyp: {h}")
     return m
 
 
@@ -374,7 +374,6 @@ def main(args: argparse.Namespace) -> None:
         pending = False
         r.loss_window.t0 += save_state("last.pt", r, pos)  # a small corpus checkpoints often; not in the tokens/s
     r.stop.close()
-    r.progress.close()
     r.writer.wait()  # the last checkpoint is on disk before the run says so
     if r.stopped:
         r.stop.exit_preempted(pos.step, logger)
