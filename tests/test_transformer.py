@@ -502,6 +502,14 @@ def test_max_steps_stop_then_a_longer_run_equals_one_run(tmp_path, monkeypatch, 
     legs, one = (torch.load(tmp_path / d / "last.pt", weights_only=True) for d in ("legs", "one"))
     assert one["step"] == 5
     assert_same_training_state(one, legs)
+    corpus = write_corpus(tmp_path / "deen", {"train": (["ein haus"] * 8, ["a house"] * 8)})
+    before = [(tmp_path / "legs" / f).read_bytes() for f in ("last.pt", "tokenizer.json")]
+    with pytest.raises(SystemExit) as e:  # another language pair in the same output dir: not this run's resume
+        train_in_process(monkeypatch, *args[1:], "--data", corpus, "--lang-src", "de", "--lang-tgt", "en",
+                         "--output-dir", tmp_path / "legs")  # fmt: skip
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "last.pt is a run of src->tgt, not de->en (give this pair another" in err, err
+    assert [(tmp_path / "legs" / f).read_bytes() for f in ("last.pt", "tokenizer.json")] == before
 
 
 @pytest.mark.slow

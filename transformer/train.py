@@ -274,6 +274,9 @@ def main(args: argparse.Namespace) -> None:
     splits = load_corpus(args, info)
     r.langs = ("src", "tgt") if args.synthetic else (args.lang_src, args.lang_tgt)
     print0(", ".join(f"{k}: {len(v[0])} pairs" for k, v in splits.items()) + " ({}->{})".format(*r.langs))
+    if ckpt is not None and list(ckpt.get("langs", r.langs)) != list(r.langs):  # its tokenizer is another pair's
+        raise UserError(f"{ckpt_path} is a run of {'->'.join(ckpt['langs'])}, not {'->'.join(r.langs)} (give this "
+                        "pair another --output-dir, or --resume none --overwrite to start over there)")  # fmt: skip
 
     # ---- tokenizer: trained on the training split by rank 0, sent to the others, kept in every checkpoint
     if ckpt is not None and "tokenizer" not in ckpt:
@@ -352,8 +355,7 @@ def main(args: argparse.Namespace) -> None:
     r.loss_window = LossWindow(info, pos.step, (ckpt or {}).get("loss_window"))
     if ckpt_path is not None and (pos.step < max_steps or pending):
         logger.rewind(pos.step, pos.eval_step)
-    # One DataLoader iterator for the whole run: the sampler deals epoch after epoch, so the workers never restart
-    # at an epoch boundary.
+    # one DataLoader iterator for the run: the sampler deals epoch after epoch, so workers never restart at an epoch
     r.sampler.set_epoch(pos.epoch, skip=pos.batch_in_epoch, until=args.epochs)
     batches = r.watchdog.batches(data.loader)
     while not r.stopped and (pos.step < max_steps or pending):
