@@ -99,13 +99,13 @@ def check_wandb() -> None:
 
 def add_run_args(parser: argparse.ArgumentParser, output_dir: str, print_freq: int = 50) -> None:
     g = parser.add_argument_group("run")
-    g.add_argument("--output-dir", default=output_dir)
+    g.add_argument("--output-dir", default=output_dir, help="config.json, metrics.jsonl and checkpoints")
     g.add_argument("--resume", default="auto", help="auto (continue from output-dir/last.pt if present) | PATH | none")
     g.add_argument("--overwrite", action="store_true", help="with --resume none: start over where a run saved")
     g.add_argument("--save-every-steps", type=int, default=0, help="also checkpoint every N steps (0: at epoch end)")
     g.add_argument("--keep-last", type=int, default=0, help="keep the N newest step_*.pt copies (0: none)")
     g.add_argument("--eval-every", type=int, default=1, help="evaluate every N epochs and at the end (0: never)")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0, help="data order, augmentation and initialization")
     g.add_argument("-p", "--print-freq", type=int, default=print_freq, help="log every N steps")
     g.add_argument("--wandb", action="store_true", help="log to Weights & Biases from rank 0 (honours WANDB_MODE)")
 

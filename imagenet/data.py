@@ -80,7 +80,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None, help="default: on with CUDA")
     g = p.add_argument_group("optimization (unset values come from --recipe)")
     g.add_argument("--recipe", choices=tuple(RECIPES), default="classic", help="classic: main.py; modern: NVIDIA-like")
-    g.add_argument("--epochs", type=int, default=90)
+    g.add_argument("--epochs", type=int, default=90, help="passes over the training set")
     g.add_argument("--start-epoch", type=int, default=0, help="start from this epoch when not resuming")
     g.add_argument("--max-steps", type=int, default=0, help="stop after this many optimizer steps (0: no limit)")
     g.add_argument(

@@ -23,8 +23,8 @@ def get_args_parser() -> argparse.ArgumentParser:
         help="Hugging Face dataset name, a dir of line-aligned {split}.{lang}[.gz] files, or a save_to_disk dir",
     )
     g.add_argument("--data-config", default=None, help="Hub dataset config (default: {src}-{tgt} or {tgt}-{src})")
-    g.add_argument("--lang-src", default="en")
-    g.add_argument("--lang-tgt", default="it")
+    g.add_argument("--lang-src", default="en", help="source language: train.<lang>[.gz] in --data")
+    g.add_argument("--lang-tgt", default="it", help="target language")
     g.add_argument("--synthetic", action="store_true", help="made-up word-mapping + reversal task: no disk/network")
     g.add_argument("--val-split", type=int, default=0, help="without a val split, hold out N train pairs (0: auto)")
     g.add_argument("--max-len", type=int, default=256, help="drop (and count) training pairs longer than this")
@@ -50,16 +50,16 @@ def get_args_parser() -> argparse.ArgumentParser:
         help="let attention use cuDNN (PyTorch's first pick on H100; slow with changing batch shapes)",
     )
     g = p.add_argument_group("optimization")
-    g.add_argument("--epochs", type=int, default=20)
+    g.add_argument("--epochs", type=int, default=20, help="passes over the training pairs")
     g.add_argument("--max-steps", type=int, default=0, help="stop after this many optimizer steps (0: no limit)")
     g.add_argument(
         "--max-tokens", type=int, default=4096, help="tokens per batch per process: max-tokens // pack-len rows"
     )
     g.add_argument("--accum-steps", type=int, default=1, help="gradient accumulation micro-batches per step")
-    g.add_argument("--lr", type=float, default=5e-4, help="peak LR (Adam; not scaled with the batch)")
+    g.add_argument("--lr", type=float, default=5e-4, help="peak LR (AdamW; not scaled with the batch)")
     g.add_argument("--warmup-steps", type=int, default=1000, help="linear warmup, then LR ~ 1/sqrt(step)")
-    g.add_argument("--wd", "--weight-decay", dest="weight_decay", type=float, default=0.0)
-    g.add_argument("--label-smoothing", type=float, default=0.1)
+    g.add_argument("--wd", "--weight-decay", dest="weight_decay", type=float, default=0.0, help="on weights only")
+    g.add_argument("--label-smoothing", type=float, default=0.1, help="of the cross-entropy targets")
     g.add_argument("--clip-grad", type=float, default=1.0, help="max gradient norm (0: off)")
     g.add_argument(
         "--amp", choices=("auto", "bf16", "fp16", "none"), default="auto", help="auto: bf16 on GPU, off on CPU"
