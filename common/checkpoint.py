@@ -150,7 +150,8 @@ def load_model_state(model: torch.nn.Module, state_dict: dict[str, Any], path: s
     except RuntimeError as e:
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         detail = re.sub(r"\s+", " ", " ".join(lines[1:3]))[:240]
-        raise UserError(f"checkpoint {path} does not fit this model (different arch or classes?): {detail}") from None
+        hint = "another --arch, --preset or number of classes?"
+        raise UserError(f"checkpoint {path} does not fit this model ({hint}): {detail}") from None
 
 
 def resolve_resume(resume: str, output_dir: str | os.PathLike) -> Path | None:

@@ -60,7 +60,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("-j", "--workers", type=int, default=4, help="DataLoader workers per process (main.py: per node)")
     g.add_argument(
         "--synthetic", "--dummy", dest="synthetic", action="store_true",
-        help="random batches made on the device, deterministic in (seed, step): benchmarks the model, not the disk",
+        help="random batches made on the device, deterministic in (seed, epoch, rank, step): the model, not the disk",
     )  # fmt: skip
     g.add_argument(
         "--dummy-sizes", type=int, nargs=2, default=(1281167, 50000), metavar=("TRAIN", "VAL"), help="--dummy images"

@@ -100,7 +100,7 @@ CASES = [
     ("cifar", CIFAR, ["--resume", "{yaml}"], {}, NOT_CKPT),
     ("cifar", CIFAR, ["--resume", "{html}"], {}, NOT_CKPT),
     ("cifar", CIFAR, ["--resume", "{empty}"], {}, "is not a checkpoint (an empty file"),
-    ("cifar", CIFAR, ["-a", "resnet32"], {}, "does not fit this model (different arch or classes?)"),
+    ("cifar", CIFAR, ["-a", "resnet32"], {}, "does not fit this model (another --arch, --preset or number of"),
     ("cifar", CIFAR, ["--evaluate", "--output-dir", "{tmp}/o"], {}, "--evaluate needs a checkpoint"),
     ("cifar", CIFAR, ["--max-steps", "6", "-p", "1", "--lr", "1e30"], {}, "at step 3: stopped before writing"),
     ("cifar", CIFAR, ["--wandb"], {}, "--wandb: not logged in to Weights & Biases (run `wandb login`"),
