@@ -118,6 +118,12 @@ def check_shared(args: argparse.Namespace) -> None:
             need(ok(value), flag, value, what, hint)
     if getattr(args, "compile_mode", None) and not getattr(args, "compile", False):
         raise UserError("--compile-mode needs --compile")
+    if getattr(args, "compile_mode", None):
+        from torch._inductor import list_mode_options  # what torch.compile accepts, in this torch
+
+        modes = list_mode_options()
+        need(args.compile_mode in modes, "--compile-mode", repr(args.compile_mode), "is unknown",
+             f"choose from {', '.join(modes)}")  # fmt: skip
     check_dist_url(getattr(args, "dist_url", None))
     if hasattr(args, "output_dir"):
         check_output_dir(args)

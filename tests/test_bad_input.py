@@ -82,6 +82,7 @@ CASES = [
     ("cifar", CIFAR, ["--download"], {}, "--download with --synthetic makes no sense"),
     ("cifar", CIFAR, ["--arch", "resnet7"], {}, "--arch 'resnet7' is unknown (choose from resnet18"),
     ("cifar", CIFAR, ["--compile-mode", "reduce-overhead"], {}, "--compile-mode needs --compile"),
+    ("cifar", CIFAR, ["--compile", "--compile-mode", "fast"], {}, "--compile-mode 'fast' is unknown (choose from"),
     ("cifar", CIFAR, ["--dist-timeout", "0"], {}, "--dist-timeout 0.0 must be a number of seconds above 0"),
     ("cifar", CIFAR, ["--stall-timeout", "-1"], {}, "--stall-timeout -1.0 must be seconds >= 0"),
     ("cifar", CIFAR, ["--dist-url", "foo://x:1"], {}, "--dist-url foo://x:1 has an unknown scheme"),
