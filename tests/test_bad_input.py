@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PY, REPO, free_port, make_cifar_pickles, make_jpeg_imagefolder
+from conftest import PY, REPO, Evil, free_port, make_cifar_pickles, make_jpeg_imagefolder
 
 sys.path.insert(0, str(REPO))
 
@@ -257,16 +257,6 @@ def case_id(i: int, case) -> str:
 
 def sha(path: Path) -> tuple[str, int]:
     return hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mtime_ns
-
-
-class Evil:
-    """A pickle that would create a file when loaded."""
-
-    def __init__(self, marker: Path):
-        self.marker = marker
-
-    def __reduce__(self):
-        return os.system, (f"touch {self.marker}",)
 
 
 @pytest.fixture(scope="module")
