@@ -67,12 +67,19 @@ def check_host_port(host_port: str, where: str) -> None:
         raise UserError(f"{where} has no valid port (a number in 1..65535, e.g. tcp://{host}:29500)")
 
 
+RUN_FILES = (".lock", "config.json", "metrics.jsonl", "last.pt", "best.pt")  # what every run writes in --output-dir
+
+
 def check_output_dir(args: argparse.Namespace) -> None:
     """--output-dir can be a directory; --resume none does not overwrite a run without --overwrite."""
     out = Path(args.output_dir)
     p = next(p for p in (out, *out.parents) if p.exists())  # the filesystem root always does
     need(p.is_dir(), "--output-dir", args.output_dir, f"is under the file {p}" if p != out else "is a file",
          "give a directory")  # fmt: skip
+    odd = [n for n in RUN_FILES if (out / n).exists() and not (out / n).is_file()]
+    if odd:  # a directory (or a FIFO) there would fail the run's first write, or the last checkpoint's rename
+        raise UserError(f"{out / odd[0]} is not a file, and a run writes its {odd[0]} there (move it away, or pick "
+                        "another --output-dir)")  # fmt: skip
     found = [n for n in ("last.pt", "best.pt") if (out / n).is_file()]
     writes = not getattr(args, "evaluate", False) and not getattr(args, "overwrite", True)
     if writes and args.resume == "none" and found:

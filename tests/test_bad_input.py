@@ -94,6 +94,7 @@ CASES = [
     ("cifar", CIFAR, ["--output-dir", "/proc/forbidden"], {}, "output dir /proc/forbidden is not writable"),
     ("cifar", CIFAR, ["--output-dir", "{text}"], {}, "is a file (give a directory)"),
     ("cifar", CIFAR, ["--output-dir", "{text}/run"], {}, "is under the file"),
+    ("cifar", CIFAR, ["--output-dir", "{dirs}"], {}, "metrics.jsonl is not a file, and a run writes its metrics.jsonl"),
     ("cifar", CIFAR, ["--resume", "none"], {}, "--resume none would overwrite the run in"),
     ("cifar", CIFAR, ["--resume", "{tmp}/nope.pt"], {}, "nope.pt: no such file"),
     ("cifar", CIFAR, ["--resume", "{text}"], {}, NOT_CKPT),
@@ -269,6 +270,8 @@ def paths(tmp_path_factory) -> dict[str, Path]:
                        ("html", "<html><body>404</body></html>"), ("empty", "")):  # fmt: skip
         p[name] = root / f"file.{name}"
         p[name].write_text(text)
+    p["dirs"] = root / "dirs"  # a directory where a run writes its file
+    (p["dirs"] / "metrics.jsonl").mkdir(parents=True)
     p["cifar11"] = make_jpeg_imagefolder(root / "cifar11", {"train": 11, "test": 11}, classes=11)
     p["cifar10"] = make_cifar_pickles(root / "cifar10", n_train=10, n_test=5)
     p["cifar_corrupt"] = make_jpeg_imagefolder(root / "cifar_corrupt", {"train": 10, "test": 10}, classes=10)
