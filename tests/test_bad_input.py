@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import PY, REPO, Evil, free_port, make_cifar_pickles, make_jpeg_imagefolder
 
 sys.path.insert(0, str(REPO))
@@ -102,6 +103,7 @@ CASES = [
     ("cifar", CIFAR, ["--resume", "{yaml}"], {}, NOT_CKPT),
     ("cifar", CIFAR, ["--resume", "{html}"], {}, NOT_CKPT),
     ("cifar", CIFAR, ["--resume", "{empty}"], {}, "is not a checkpoint (an empty file"),
+    ("cifar", CIFAR, ["--resume", "{badstep}"], {}, "is not a checkpoint of this collection: its 'step' entry is of"),
     ("cifar", CIFAR, ["-a", "resnet32"], {}, "does not fit this model (different arch or classes?)"),
     ("cifar", CIFAR, ["--evaluate", "--output-dir", "{tmp}/o"], {}, "--evaluate needs a checkpoint"),
     ("cifar", CIFAR, ["--max-steps", "6", "-p", "1", "--lr", "1e30"], {}, "at step 3: stopped before writing"),
@@ -270,6 +272,8 @@ def paths(tmp_path_factory) -> dict[str, Path]:
                        ("html", "<html><body>404</body></html>"), ("empty", "")):  # fmt: skip
         p[name] = root / f"file.{name}"
         p[name].write_text(text)
+    p["badstep"] = root / "badstep.pt"  # loads with weights_only, but its step is text
+    torch.save({**torch.load(p["good"] / "last.pt", weights_only=True), "step": "3"}, p["badstep"])
     p["dirs"] = root / "dirs"  # a directory where a run writes its file
     (p["dirs"] / "metrics.jsonl").mkdir(parents=True)
     p["cifar11"] = make_jpeg_imagefolder(root / "cifar11", {"train": 11, "test": 11}, classes=11)
