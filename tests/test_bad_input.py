@@ -225,6 +225,8 @@ CASES = [
     ("translate", ["--checkpoint", "{empty}", "hallo"], [], {}, "is not a checkpoint (an empty file"),
     ("translate", ["--checkpoint", "{tmp}/nope.pt", "hallo"], [], {}, "checkpoint not found"),
     ("translate", ["--checkpoint", "{good}/last.pt", "hallo"], [], {}, "is not a transformer/train.py checkpoint"),
+    ("translate", ["--checkpoint", "{tr_tok}", "hallo"], [], {}, "holds no usable tokenizer: expected ident at line 1"),
+    ("translate", ["--checkpoint", "{tr_cfg}", "hallo"], [], {}, "holds no usable model config: d_model must be a"),
     ("translate", ["--checkpoint", "x.pt", "--output", "{tmp}", "hallo"], [], {}, "is a directory (name a file"),
     ("translate", ["--checkpoint", "x.pt", "--output", "{text}/out.txt", "hallo"], [], {}, "is under the file"),
     ("translate", ["--checkpoint", "x.pt", "--device", "tpu9", "hallo"], [], {}, "--device tpu9 is not a device"),
@@ -274,6 +276,12 @@ def paths(tmp_path_factory) -> dict[str, Path]:
         p[name].write_text(text)
     p["badstep"] = root / "badstep.pt"  # loads with weights_only, but its step is text
     torch.save({**torch.load(p["good"] / "last.pt", weights_only=True), "step": "3"}, p["badstep"])
+    from tokenizers import Tokenizer, models
+
+    tok = Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>")).to_str()
+    for name, tokenizer, config in (("tr_tok", "not json", {}), ("tr_cfg", tok, {"vocab_size": 8, "d_model": 6})):
+        p[name] = root / f"{name}.pt"  # a transformer checkpoint whose tokenizer or model config cannot be used
+        torch.save({"model": {}, "tokenizer": tokenizer, "model_config": config}, p[name])
     p["dirs"] = root / "dirs"  # a directory where a run writes its file
     (p["dirs"] / "metrics.jsonl").mkdir(parents=True)
     p["cifar11"] = make_jpeg_imagefolder(root / "cifar11", {"train": 11, "test": 11}, classes=11)

@@ -269,6 +269,18 @@ def shared_tokenizer(args, train: tuple[list[str], list[str]], info: DistInfo) -
     return broadcast_object(tok_json)
 
 
+def load_tokenizer(text: str, path):
+    """The tokenizer a checkpoint at ``path`` carries as JSON, or one line naming the file."""
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_str(text)
+    except Exception as e:  # the tokenizers package raises Exception itself on JSON it cannot use
+        detail = " ".join(str(e).split())[:160]
+        raise UserError(f"checkpoint {path} holds no usable tokenizer: {detail} (pass a last.pt or best.pt that "
+                        "transformer/train.py wrote)") from None  # fmt: skip
+
+
 def encode(tok, sentences: list[str]) -> list[list[int]]:
     return [e.ids for e in tok.encode_batch(sentences, add_special_tokens=False)]
 

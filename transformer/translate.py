@@ -33,7 +33,7 @@ from common.checks import check_positive_ints, need
 from common.errors import UserError, run_cli
 from common.utils import amp_dtype
 
-from .data import decode, encode, one_line, read_lines
+from .data import decode, encode, load_tokenizer, one_line, read_lines
 from .model import ModelConfig, Transformer, allow_cudnn_attention, translate_ids
 
 
@@ -74,7 +74,7 @@ def check_args(args: argparse.Namespace) -> torch.device:
 def main(args: argparse.Namespace) -> None:
     device = check_args(args)
     try:
-        from tokenizers import Tokenizer
+        import tokenizers  # noqa: F401  (load_tokenizer imports it)
     except ImportError:
         raise UserError("translate.py needs the tokenizers package (pip install tokenizers)") from None
     ckpt = load_checkpoint(args.checkpoint)  # weights_only: a foreign file cannot run code
@@ -82,8 +82,13 @@ def main(args: argparse.Namespace) -> None:
         raise UserError(f"{args.checkpoint} is not a transformer/train.py checkpoint (no tokenizer or model config)")
     if "shards" in ckpt and not ckpt["model"]:
         raise UserError(f"{args.checkpoint} is an --fsdp run's last.pt, whose weights are in shards: give its best.pt")
-    tok = Tokenizer.from_str(ckpt["tokenizer"])
-    model = Transformer(ModelConfig(**ckpt["model_config"]))
+    tok = load_tokenizer(ckpt["tokenizer"], args.checkpoint)
+    try:
+        model = Transformer(ModelConfig(**ckpt["model_config"]))
+    except (TypeError, ValueError, RuntimeError, AssertionError, ArithmeticError) as e:  # unknown or impossible sizes
+        detail = " ".join(str(e).split())[:160]
+        raise UserError(f"{args.checkpoint} holds no usable model config: {detail} (pass a best.pt that "
+                        "transformer/train.py wrote)") from None  # fmt: skip
     load_model_state(model, ckpt["model"], args.checkpoint)
     model.to(device).eval()
     allow_cudnn_attention(False)  # decoding brings a new shape every step: cuDNN would plan each one
