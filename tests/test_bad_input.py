@@ -229,6 +229,7 @@ CASES = [
     ("translate", ["--checkpoint", "{tr_cfg}", "hallo"], [], {}, "holds no usable model config: d_model must be a"),
     ("translate", ["--checkpoint", "x.pt", "--output", "{tmp}", "hallo"], [], {}, "is a directory (name a file"),
     ("translate", ["--checkpoint", "x.pt", "--output", "{text}/out.txt", "hallo"], [], {}, "is under the file"),
+    ("translate", ["--checkpoint", "x.pt", "--output", "/proc/o.txt", "hi"], [], {}, "cannot write in /proc (No such"),
     ("translate", ["--checkpoint", "x.pt", "--device", "tpu9", "hallo"], [], {}, "--device tpu9 is not a device"),
     ("translate", ["--checkpoint", "x.pt", "--device", "cuda", "hallo"], [], {}, "but 0 CUDA GPU(s) are visible"),
     ("translate", ["--checkpoint", "x.pt", "--device", "cuda:3", "hallo"], [], {}, "--device cuda:3 but 0 CUDA"),

@@ -21,6 +21,7 @@ if __name__ == "__main__":  # a faster start: no cyclic GC during the imports (B
 import argparse
 import gc
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -60,6 +61,10 @@ def check_args(args: argparse.Namespace) -> torch.device:
         need(not out.is_dir(), "--output", args.output, "is a directory", "name a file to write")
         parent = next((q for q in out.parents if q.exists()), None)
         need(parent is None or parent.is_dir(), "--output", args.output, f"is under the file {parent}", "fix the path")
+        try:  # a directory it cannot write in fails now, not after the translating
+            tempfile.TemporaryFile(dir=parent).close()
+        except OSError as e:
+            raise UserError(f"--output {args.output}: cannot write in {parent} ({e.strerror}; pick another)") from None
     try:
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     except RuntimeError:
