@@ -215,6 +215,12 @@ CASES = [
      "train.de: not UTF-8 (invalid start byte at byte 2) (convert it, e.g. iconv"),
     ("transformer", ["--data", "{corpus_badgz}", "--lang-src", "de", "--lang-tgt", "en"], [], {},
      "train.de.gz: Not a gzipped file"),
+    ("transformer", ["--data", "{corpus_utf16}", "--lang-src", "de", "--lang-tgt", "en"], [], {},
+     "train.de: not UTF-8 (invalid start byte at byte 0) (convert it, e.g. iconv -f utf-16 -t utf-8"),
+    ("transformer", ["--data", "{corpus_short}", "--lang-src", "de", "--lang-tgt", "en"], [], {},
+     "train.en has 37: not line-aligned (line i of one must be the translation of line i of the other)"),
+    ("transformer", ["--data", "{corpus_dirde}", "--lang-src", "de", "--lang-tgt", "en"], [], {},
+     "no train.de and train.en (optionally .gz) in {corpus_dirde} (languages found: en; set --lang-src"),
     ("transformer", ["--data", "{corpus_empty}", "--lang-src", "de", "--lang-tgt", "en"], [], {},
      "every training pair has an empty side"),
     # ---- translate
@@ -308,14 +314,19 @@ def paths(tmp_path_factory) -> dict[str, Path]:
 
     pairs = synthetic_corpus(0, (40, 0, 0))["train"]
     for name, de, en in (("corpus", pairs[0], pairs[1]), ("corpus_latin1", ["Gr\xfc\xdfe"] * 40, pairs[1]),
-                         ("corpus_empty", [""] * 40, pairs[1]), ("corpus_badgz", None, pairs[1])):  # fmt: skip
+                         ("corpus_empty", [""] * 40, pairs[1]), ("corpus_badgz", None, pairs[1]),
+                         ("corpus_utf16", pairs[0], pairs[1]), ("corpus_short", pairs[0], pairs[1][:-3]),
+                         ("corpus_dirde", None, pairs[1])):  # fmt: skip
         d = p[name] = root / name
         d.mkdir()
         (d / "train.en").write_text("\n".join(en) + "\n")
         if name == "corpus_badgz":
             (d / "train.de.gz").write_bytes(b"not gzip at all")
+        elif name == "corpus_dirde":
+            (d / "train.de").mkdir()
         else:
-            (d / "train.de").write_bytes(("\n".join(de) + "\n").encode("latin1" if "latin1" in name else "utf-8"))
+            enc = {"corpus_latin1": "latin1", "corpus_utf16": "utf-16"}.get(name, "utf-8")
+            (d / "train.de").write_bytes(("\n".join(de) + "\n").encode(enc))
     return p
 
 
