@@ -107,7 +107,9 @@ def test_sigkill_during_a_sharded_save_then_the_same_command_ends_as_one_run(fsd
 def test_resume_on_three_processes_reshards(fsdp, tmp_path):
     """2 processes' checkpoint resumed by 3: the shards are read into 3 parts, and training goes on from the same
     position (at the next epoch boundary, as after any change of world size), with Adam's state carried over; under
-    --amp bf16 (weights gathered in bf16, gradients reduced in fp32) from an fp32 run."""
+    --amp bf16 (weights gathered in bf16, gradients reduced in fp32) from an fp32 run. A file named like a directory
+    of shards is left alone."""
+    (tmp_path / "last.notes.dcp").write_text("")
     log = torchrun(3, *FSDP, *NO_EVAL, "--amp", "bf16", "--max-steps", "10", "--resume", fsdp / "last.pt",
                    "--output-dir", tmp_path).stdout  # fmt: skip
     assert "resumed from" in log and "epoch 0, step 8, batch 16 of the epoch" in log, log[-3000:]
@@ -117,6 +119,7 @@ def test_resume_on_three_processes_reshards(fsdp, tmp_path):
     assert train == [(9, 1), (10, 1)], records
     assert abs(losses(tmp_path)[9] - losses(fsdp)[8]) < 0.2  # not a fresh model's loss (about 1 higher)
     assert torch.load(tmp_path / "last.pt", weights_only=True)["world_size"] == 3
+    assert (tmp_path / "last.notes.dcp").is_file()
     state = shards(tmp_path)["optimizer"]["state"]
     assert all(s["step"].item() == 10 for s in state.values())  # 8 steps restored, 2 taken
 

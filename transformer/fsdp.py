@@ -111,7 +111,7 @@ def save(state: dict, model, optimizer, path: Path, whole: bool) -> None:
         os.replace(tmp, final)
         save_checkpoint({**state, "model": weights, "optimizer": {}, "shards": final.name}, path)
         for old in path.parent.glob(f"*{path.stem}.*.dcp"):
-            if old != final:
+            if old != final and old.is_dir():  # a file of that name is not one of ours
                 shutil.rmtree(old)
 
 
