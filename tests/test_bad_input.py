@@ -191,6 +191,7 @@ CASES = [
     ("transformer", TR, ["--pack-len", "0"], {}, "--pack-len 0 must be at least 1"),
     ("transformer", TR, ["--beam", "0"], {}, "--beam 0 must be at least 1"),
     ("transformer", TR, ["--vocab-size", "2"], {}, "--vocab-size 2 must be at least 8"),
+    ("transformer", TR, ["--vocab-size", "1000000000"], {}, "--vocab-size 1000000000 must be at most 16777216"),
     ("transformer", TR, ["--warmup-steps", "-1"], {}, "--warmup-steps -1 must be 0 or more"),
     ("transformer", TR, ["--clip-grad", "-1"], {}, "--clip-grad -1.0 must be >= 0"),
     ("transformer", TR, ["--lr", "-1"], {}, "--lr -1.0 must be a finite number above 0"),
