@@ -56,6 +56,10 @@ def check_dist_url(url: str | None) -> None:
          "use tcp://HOST:PORT, env:// or file:///shared/path")  # fmt: skip
     if parts.scheme == "tcp":
         check_host_port(url[len("tcp://") :], f"--dist-url {url}")
+    if parts.scheme == "file":  # torch's FileStore waits forever, past --dist-timeout, for a directory that is missing
+        folder = Path(parts.path).parent
+        need(folder.is_dir(), "--dist-url", url, f"names a file in {folder}, which is not a directory",
+             "give a path on a filesystem that every process shares")  # fmt: skip
 
 
 def check_host_port(host_port: str, where: str) -> None:

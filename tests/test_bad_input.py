@@ -90,6 +90,8 @@ CASES = [
     ("cifar", CIFAR, ["--dist-url", "tcp://host:notaport"], {}, "--dist-url tcp://host:notaport has no valid port"),
     ("cifar", CIFAR, ["--dist-url", "tcp://localhost:99999"], {}, "--dist-url tcp://localhost:99999 has no valid"),
     ("cifar", CIFAR, ["--dist-url", "tcp://:29500"], {}, "--dist-url tcp://:29500 names no host"),
+    ("cifar", CIFAR, ["--dist-url", "file://{tmp}/no/rdzv", "--world-size", "2", "--rank", "1"], {},
+     "names a file in {tmp}/no, which is not a directory"),  # torch's FileStore would wait for it forever
     ("cifar", CIFAR, ["--world-size", "0"], {}, "--world-size 0 must be at least 1"),
     ("cifar", CIFAR, ["--rank", "-5"], {}, "--rank -5 must be 0 or more"),
     ("cifar", CIFAR, ["--output-dir", "/proc/forbidden"], {}, "output dir /proc/forbidden is not writable"),
