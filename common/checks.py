@@ -101,7 +101,10 @@ def check_wandb() -> None:
         import wandb
     except ImportError:
         raise UserError("--wandb needs the wandb package (pip install wandb), or drop --wandb") from None
-    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun"):
+    mode, modes = os.environ.get("WANDB_MODE"), ("online", "offline", "shared", "disabled", "dryrun", "run")
+    if mode is not None and mode not in modes:  # wandb.init's own check is a traceback, once training has begun
+        raise UserError(f"WANDB_MODE={mode!r} is not a wandb mode (use one of {', '.join(modes)}, or unset it)")
+    if mode in ("offline", "disabled", "dryrun"):
         return
     if not os.environ.get("WANDB_API_KEY") and not wandb.login(prompt=False, verify=False):
         raise UserError("--wandb: not logged in to Weights & Biases (run `wandb login`, set WANDB_API_KEY, "

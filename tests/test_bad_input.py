@@ -110,6 +110,7 @@ CASES = [
     ("cifar", CIFAR, ["--evaluate", "--output-dir", "{tmp}/o"], {}, "--evaluate needs a checkpoint"),
     ("cifar", CIFAR, ["--max-steps", "6", "-p", "1", "--lr", "1e30"], {}, "at step 3: stopped before writing"),
     ("cifar", CIFAR, ["--wandb"], {}, "--wandb: not logged in to Weights & Biases (run `wandb login`"),
+    ("cifar", CIFAR, ["--wandb"], {"WANDB_MODE": "OFFLINE"}, "WANDB_MODE='OFFLINE' is not a wandb mode (use one of"),
     ("cifar", CIFAR, ["--epochs", "x"], {}, "argument --epochs: invalid int value: 'x'"),
     ("cifar", CIFAR, ["--lr", "abc"], {}, "argument --lr: invalid float value: 'abc'"),
     ("cifar", CIFAR, ["--amp", "fp8"], {}, "argument --amp: invalid choice: 'fp8'"),
