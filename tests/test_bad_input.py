@@ -132,6 +132,8 @@ CASES = [
     ("cifar", CIFAR, ["--dist-url", "tcp://nosuch.invalid:29500", "--world-size", "2", "--rank", "1"], {},
      "rendezvous address tcp://nosuch.invalid:29500: cannot resolve host"),
     ("cifar", CIFAR, ["--dist-url", "tcp://127.0.0.1:29500", "--world-size", "2"], {}, "--dist-url needs --rank"),
+    ("cifar", CIFAR, ["--dist-url", "tcp://127.0.0.1:29500", "--world-size", "2", "--rank", "0", "--dist-backend",
+                      "glo", "--dist-timeout", "2"], {}, "--dist-backend glo is not a backend of this torch (use one"),
     ("cifar", CIFAR, ["--dist-url", "tcp://127.0.0.1:29500", "--world-size", "2", "--rank", "2"], {},
      "rank 2 (from --rank/--world-size) is out of range for world size 2"),
     ("cifar", ["--data-dir", "/nonexistent", "-j", "0"], [], {}, "no CIFAR-10 at /nonexistent"),
