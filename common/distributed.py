@@ -120,7 +120,7 @@ def detect_launcher(
     slurm_n = _int(env, "SLURM_STEP_NUM_TASKS", 0)
     if "SLURM_PROCID" in env and slurm_n > 1:
         addr = env.get("MASTER_ADDR") or slurm_master_addr(env)
-        port = master_port or str(15000 + int(env.get("SLURM_JOB_ID", "0")) % 20000)
+        port = master_port or str(15000 + _int(env, "SLURM_JOB_ID", 0) % 20000)
         rank, local_rank = _int(env, "SLURM_PROCID"), _int(env, "SLURM_LOCALID", 0)
         return DistInfo(rank, local_rank, slurm_n, launcher="slurm", init_method=f"tcp://{addr}:{port}")
     # 3. MPI: MPICH / Intel MPI hydra (PMI_*), Open MPI (OMPI_COMM_WORLD_*), MVAPICH2 (MV2_*)

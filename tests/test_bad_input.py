@@ -129,6 +129,8 @@ CASES = [
     ("cifar", CIFAR, [], {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "-1"}, "local rank -1 (LOCAL_RANK or"),
     ("cifar", CIFAR, [], {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "a"}, "LOCAL_RANK='a' is not an integer"),
     ("cifar", CIFAR, [], {"PMI_RANK": "0", "PMI_SIZE": "two"}, "PMI_SIZE='two' is not an integer"),
+    ("cifar", CIFAR, [], {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_JOB_ID": "abc"},
+     "SLURM_JOB_ID='abc' is not an integer"),
     ("cifar", CIFAR, ["--dist-url", "tcp://nosuch.invalid:29500", "--world-size", "2", "--rank", "1"], {},
      "rendezvous address tcp://nosuch.invalid:29500: cannot resolve host"),
     ("cifar", CIFAR, ["--dist-url", "tcp://127.0.0.1:29500", "--world-size", "2"], {}, "--dist-url needs --rank"),
