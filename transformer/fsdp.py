@@ -123,9 +123,10 @@ class _MetadataUnpickler(pickle.Unpickler):
                ("torch.distributed.checkpoint.filesystem", "_StorageInfo")}  # fmt: skip
 
     def find_class(self, module: str, name: str):
-        found = super().find_class(module, name) if "." not in name else None
-        dcp_class = module == "torch.distributed.checkpoint.metadata" and isinstance(found, type)
-        if found is None or not (dcp_class or (module, name) in self.ALLOWED or isinstance(found, torch.dtype)):
+        known = (module, name) in self.ALLOWED or module == "torch.distributed.checkpoint.metadata" and "." not in name
+        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        found = super().find_class(module, name) if known or dtype else None  # no other module is even imported
+        if found is None or not (dtype or (module, name) in self.ALLOWED or isinstance(found, type)):
             raise pickle.UnpicklingError(f"{module}.{name} has no place in a checkpoint's metadata")
         return found
 
