@@ -111,6 +111,12 @@ class CheckpointWriter:
             raise error
 
 
+# the entries of checkpoint_state, and their types: a file that holds others is not one of ours
+_ENTRIES = {"model": dict, "optimizer": dict, "scheduler": dict, "scaler": dict, "args": dict, "epoch": int,
+            "step": int, "batch_in_epoch": int, "eval_step": int, "world_size": int, "best_metric": (int, float),
+            "loss_window": dict, "tokenizer": str, "model_config": dict, "shards": str, "ema": dict}  # fmt: skip
+
+
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Load a checkpoint safely onto the CPU, or raise a one-line UserError naming the file."""
     path = Path(path)
@@ -140,6 +146,11 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         raise UserError(f"cannot read checkpoint {path}: corrupt or {what} ({first})") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt:
         raise UserError(f"{path} is not a checkpoint of this collection (no 'model' entry)")
+    wrong = next((k for k, t in _ENTRIES.items() if k in ckpt and not isinstance(ckpt[k], t)), None)
+    if wrong is not None:  # a file that loads, but whose entries the scripts would trip over
+        kind = type(ckpt[wrong]).__name__
+        raise UserError(f"{path} is not a checkpoint of this collection: its '{wrong}' entry is of type {kind} "
+                        "(pass a last.pt or best.pt that a training run wrote)")  # fmt: skip
     return ckpt
 
 

@@ -56,6 +56,10 @@ def check_dist_url(url: str | None) -> None:
          "use tcp://HOST:PORT, env:// or file:///shared/path")  # fmt: skip
     if parts.scheme == "tcp":
         check_host_port(url[len("tcp://") :], f"--dist-url {url}")
+    if parts.scheme == "file":  # torch's FileStore waits forever, past --dist-timeout, for a directory that is missing
+        folder = Path(parts.path).parent
+        need(folder.is_dir(), "--dist-url", url, f"names a file in {folder}, which is not a directory",
+             "give a path on a filesystem that every process shares")  # fmt: skip
 
 
 def check_host_port(host_port: str, where: str) -> None:
@@ -67,12 +71,19 @@ def check_host_port(host_port: str, where: str) -> None:
         raise UserError(f"{where} has no valid port (a number in 1..65535, e.g. tcp://{host}:29500)")
 
 
+RUN_FILES = (".lock", "config.json", "metrics.jsonl", "last.pt", "best.pt")  # what every run writes in --output-dir
+
+
 def check_output_dir(args: argparse.Namespace) -> None:
     """--output-dir can be a directory; --resume none does not overwrite a run without --overwrite."""
     out = Path(args.output_dir)
     p = next(p for p in (out, *out.parents) if p.exists())  # the filesystem root always does
     need(p.is_dir(), "--output-dir", args.output_dir, f"is under the file {p}" if p != out else "is a file",
          "give a directory")  # fmt: skip
+    odd = [n for n in RUN_FILES if (out / n).exists() and not (out / n).is_file()]
+    if odd:  # a directory (or a FIFO) there would fail the run's first write, or the last checkpoint's rename
+        raise UserError(f"{out / odd[0]} is not a file, and a run writes its {odd[0]} there (move it away, or pick "
+                        "another --output-dir)")  # fmt: skip
     found = [n for n in ("last.pt", "best.pt") if (out / n).is_file()]
     writes = not getattr(args, "evaluate", False) and not getattr(args, "overwrite", True)
     if writes and args.resume == "none" and found:
@@ -90,7 +101,10 @@ def check_wandb() -> None:
         import wandb
     except ImportError:
         raise UserError("--wandb needs the wandb package (pip install wandb), or drop --wandb") from None
-    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun"):
+    mode, modes = os.environ.get("WANDB_MODE"), ("online", "offline", "shared", "disabled", "dryrun", "run")
+    if mode is not None and mode not in modes:  # wandb.init's own check is a traceback, once training has begun
+        raise UserError(f"WANDB_MODE={mode!r} is not a wandb mode (use one of {', '.join(modes)}, or unset it)")
+    if mode in ("offline", "disabled", "dryrun"):
         return
     if not os.environ.get("WANDB_API_KEY") and not wandb.login(prompt=False, verify=False):
         raise UserError("--wandb: not logged in to Weights & Biases (run `wandb login`, set WANDB_API_KEY, "
@@ -118,6 +132,12 @@ def check_shared(args: argparse.Namespace) -> None:
             need(ok(value), flag, value, what, hint)
     if getattr(args, "compile_mode", None) and not getattr(args, "compile", False):
         raise UserError("--compile-mode needs --compile")
+    if getattr(args, "compile_mode", None):
+        from torch._inductor import list_mode_options  # what torch.compile accepts, in this torch
+
+        modes = list_mode_options()
+        need(args.compile_mode in modes, "--compile-mode", repr(args.compile_mode), "is unknown",
+             f"choose from {', '.join(modes)}")  # fmt: skip
     check_dist_url(getattr(args, "dist_url", None))
     if hasattr(args, "output_dir"):
         check_output_dir(args)

@@ -120,7 +120,7 @@ def detect_launcher(
     slurm_n = _int(env, "SLURM_STEP_NUM_TASKS", 0)
     if "SLURM_PROCID" in env and slurm_n > 1:
         addr = env.get("MASTER_ADDR") or slurm_master_addr(env)
-        port = master_port or str(15000 + int(env.get("SLURM_JOB_ID", "0")) % 20000)
+        port = master_port or str(15000 + _int(env, "SLURM_JOB_ID", 0) % 20000)
         rank, local_rank = _int(env, "SLURM_PROCID"), _int(env, "SLURM_LOCALID", 0)
         return DistInfo(rank, local_rank, slurm_n, launcher="slurm", init_method=f"tcp://{addr}:{port}")
     # 3. MPI: MPICH / Intel MPI hydra (PMI_*), Open MPI (OMPI_COMM_WORLD_*), MVAPICH2 (MV2_*)
@@ -190,6 +190,9 @@ def _pick_backend(requested: str | None, device: torch.device) -> str:
                 "--dist-backend ccl needs Intel's oneCCL bindings (pip install oneccl_bind_pt, "
                 "or source oneAPI's setvars.sh); use gloo on CPUs without it"
             ) from None
+    if backend.lower() not in dist.Backend.backend_list:  # what this torch has built in or registered (ccl, above)
+        names = ", ".join(b for b in dist.Backend.backend_list if b not in ("undefined", "fake"))
+        raise UserError(f"--dist-backend {backend} is not a backend of this torch (use one of {names})")
     if backend == "nccl" and device.type != "cuda":
         raise UserError("--dist-backend nccl needs CUDA GPUs (use gloo on CPU)")
     return backend

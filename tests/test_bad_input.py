@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PY, REPO, free_port, make_cifar_pickles, make_jpeg_imagefolder
+import torch
+from conftest import PY, REPO, Evil, free_port, make_cifar_pickles, make_jpeg_imagefolder
 
 sys.path.insert(0, str(REPO))
 
@@ -82,17 +83,21 @@ CASES = [
     ("cifar", CIFAR, ["--download"], {}, "--download with --synthetic makes no sense"),
     ("cifar", CIFAR, ["--arch", "resnet7"], {}, "--arch 'resnet7' is unknown (choose from resnet18"),
     ("cifar", CIFAR, ["--compile-mode", "reduce-overhead"], {}, "--compile-mode needs --compile"),
+    ("cifar", CIFAR, ["--compile", "--compile-mode", "fast"], {}, "--compile-mode 'fast' is unknown (choose from"),
     ("cifar", CIFAR, ["--dist-timeout", "0"], {}, "--dist-timeout 0.0 must be a number of seconds above 0"),
     ("cifar", CIFAR, ["--stall-timeout", "-1"], {}, "--stall-timeout -1.0 must be seconds >= 0"),
     ("cifar", CIFAR, ["--dist-url", "foo://x:1"], {}, "--dist-url foo://x:1 has an unknown scheme"),
     ("cifar", CIFAR, ["--dist-url", "tcp://host:notaport"], {}, "--dist-url tcp://host:notaport has no valid port"),
     ("cifar", CIFAR, ["--dist-url", "tcp://localhost:99999"], {}, "--dist-url tcp://localhost:99999 has no valid"),
     ("cifar", CIFAR, ["--dist-url", "tcp://:29500"], {}, "--dist-url tcp://:29500 names no host"),
+    ("cifar", CIFAR, ["--dist-url", "file://{tmp}/no/rdzv", "--world-size", "2", "--rank", "1"], {},
+     "names a file in {tmp}/no, which is not a directory"),  # torch's FileStore would wait for it forever
     ("cifar", CIFAR, ["--world-size", "0"], {}, "--world-size 0 must be at least 1"),
     ("cifar", CIFAR, ["--rank", "-5"], {}, "--rank -5 must be 0 or more"),
     ("cifar", CIFAR, ["--output-dir", "/proc/forbidden"], {}, "output dir /proc/forbidden is not writable"),
     ("cifar", CIFAR, ["--output-dir", "{text}"], {}, "is a file (give a directory)"),
     ("cifar", CIFAR, ["--output-dir", "{text}/run"], {}, "is under the file"),
+    ("cifar", CIFAR, ["--output-dir", "{dirs}"], {}, "metrics.jsonl is not a file, and a run writes its metrics.jsonl"),
     ("cifar", CIFAR, ["--resume", "none"], {}, "--resume none would overwrite the run in"),
     ("cifar", CIFAR, ["--resume", "{tmp}/nope.pt"], {}, "nope.pt: no such file"),
     ("cifar", CIFAR, ["--resume", "{text}"], {}, NOT_CKPT),
@@ -100,10 +105,12 @@ CASES = [
     ("cifar", CIFAR, ["--resume", "{yaml}"], {}, NOT_CKPT),
     ("cifar", CIFAR, ["--resume", "{html}"], {}, NOT_CKPT),
     ("cifar", CIFAR, ["--resume", "{empty}"], {}, "is not a checkpoint (an empty file"),
+    ("cifar", CIFAR, ["--resume", "{badstep}"], {}, "is not a checkpoint of this collection: its 'step' entry is of"),
     ("cifar", CIFAR, ["-a", "resnet32"], {}, "does not fit this model (another --arch, --preset or number of"),
     ("cifar", CIFAR, ["--evaluate", "--output-dir", "{tmp}/o"], {}, "--evaluate needs a checkpoint"),
     ("cifar", CIFAR, ["--max-steps", "6", "-p", "1", "--lr", "1e30"], {}, "at step 3: stopped before writing"),
     ("cifar", CIFAR, ["--wandb"], {}, "--wandb: not logged in to Weights & Biases (run `wandb login`"),
+    ("cifar", CIFAR, ["--wandb"], {"WANDB_MODE": "OFFLINE"}, "WANDB_MODE='OFFLINE' is not a wandb mode (use one of"),
     ("cifar", CIFAR, ["--epochs", "x"], {}, "argument --epochs: invalid int value: 'x'"),
     ("cifar", CIFAR, ["--lr", "abc"], {}, "argument --lr: invalid float value: 'abc'"),
     ("cifar", CIFAR, ["--amp", "fp8"], {}, "argument --amp: invalid choice: 'fp8'"),
@@ -122,9 +129,13 @@ CASES = [
     ("cifar", CIFAR, [], {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "-1"}, "local rank -1 (LOCAL_RANK or"),
     ("cifar", CIFAR, [], {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "a"}, "LOCAL_RANK='a' is not an integer"),
     ("cifar", CIFAR, [], {"PMI_RANK": "0", "PMI_SIZE": "two"}, "PMI_SIZE='two' is not an integer"),
+    ("cifar", CIFAR, [], {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_JOB_ID": "abc"},
+     "SLURM_JOB_ID='abc' is not an integer"),
     ("cifar", CIFAR, ["--dist-url", "tcp://nosuch.invalid:29500", "--world-size", "2", "--rank", "1"], {},
      "rendezvous address tcp://nosuch.invalid:29500: cannot resolve host"),
     ("cifar", CIFAR, ["--dist-url", "tcp://127.0.0.1:29500", "--world-size", "2"], {}, "--dist-url needs --rank"),
+    ("cifar", CIFAR, ["--dist-url", "tcp://127.0.0.1:29500", "--world-size", "2", "--rank", "0", "--dist-backend",
+                      "glo", "--dist-timeout", "2"], {}, "--dist-backend glo is not a backend of this torch (use one"),
     ("cifar", CIFAR, ["--dist-url", "tcp://127.0.0.1:29500", "--world-size", "2", "--rank", "2"], {},
      "rank 2 (from --rank/--world-size) is out of range for world size 2"),
     ("cifar", ["--data-dir", "/nonexistent", "-j", "0"], [], {}, "no CIFAR-10 at /nonexistent"),
@@ -189,6 +200,7 @@ CASES = [
     ("transformer", TR, ["--pack-len", "0"], {}, "--pack-len 0 must be at least 1"),
     ("transformer", TR, ["--beam", "0"], {}, "--beam 0 must be at least 1"),
     ("transformer", TR, ["--vocab-size", "2"], {}, "--vocab-size 2 must be at least 8"),
+    ("transformer", TR, ["--vocab-size", "1000000000"], {}, "--vocab-size 1000000000 must be at most 16777216"),
     ("transformer", TR, ["--warmup-steps", "-1"], {}, "--warmup-steps -1 must be 0 or more"),
     ("transformer", TR, ["--clip-grad", "-1"], {}, "--clip-grad -1.0 must be >= 0"),
     ("transformer", TR, ["--lr", "-1"], {}, "--lr -1.0 must be a finite number above 0"),
@@ -213,6 +225,12 @@ CASES = [
      "train.de: not UTF-8 (invalid start byte at byte 2) (convert it, e.g. iconv"),
     ("transformer", ["--data", "{corpus_badgz}", "--lang-src", "de", "--lang-tgt", "en"], [], {},
      "train.de.gz: Not a gzipped file"),
+    ("transformer", ["--data", "{corpus_utf16}", "--lang-src", "de", "--lang-tgt", "en"], [], {},
+     "train.de: not UTF-8 (invalid start byte at byte 0) (convert it, e.g. iconv -f utf-16 -t utf-8"),
+    ("transformer", ["--data", "{corpus_short}", "--lang-src", "de", "--lang-tgt", "en"], [], {},
+     "train.en has 37: not line-aligned (line i of one must be the translation of line i of the other)"),
+    ("transformer", ["--data", "{corpus_dirde}", "--lang-src", "de", "--lang-tgt", "en"], [], {},
+     "no train.de and train.en (optionally .gz) in {corpus_dirde} (languages found: en; set --lang-src"),
     ("transformer", ["--data", "{corpus_empty}", "--lang-src", "de", "--lang-tgt", "en"], [], {},
      "every training pair has an empty side"),
     # ---- translate
@@ -223,8 +241,11 @@ CASES = [
     ("translate", ["--checkpoint", "{empty}", "hallo"], [], {}, "is not a checkpoint (an empty file"),
     ("translate", ["--checkpoint", "{tmp}/nope.pt", "hallo"], [], {}, "checkpoint not found"),
     ("translate", ["--checkpoint", "{good}/last.pt", "hallo"], [], {}, "is not a transformer/train.py checkpoint"),
+    ("translate", ["--checkpoint", "{tr_tok}", "hallo"], [], {}, "holds no usable tokenizer: expected ident at line 1"),
+    ("translate", ["--checkpoint", "{tr_cfg}", "hallo"], [], {}, "holds no usable model config: d_model must be a"),
     ("translate", ["--checkpoint", "x.pt", "--output", "{tmp}", "hallo"], [], {}, "is a directory (name a file"),
     ("translate", ["--checkpoint", "x.pt", "--output", "{text}/out.txt", "hallo"], [], {}, "is under the file"),
+    ("translate", ["--checkpoint", "x.pt", "--output", "/proc/o.txt", "hi"], [], {}, "cannot write in /proc (No such"),
     ("translate", ["--checkpoint", "x.pt", "--device", "tpu9", "hallo"], [], {}, "--device tpu9 is not a device"),
     ("translate", ["--checkpoint", "x.pt", "--device", "cuda", "hallo"], [], {}, "but 0 CUDA GPU(s) are visible"),
     ("translate", ["--checkpoint", "x.pt", "--device", "cuda:3", "hallo"], [], {}, "--device cuda:3 but 0 CUDA"),
@@ -260,16 +281,6 @@ def sha(path: Path) -> tuple[str, int]:
     return hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mtime_ns
 
 
-class Evil:
-    """A pickle that would create a file when loaded."""
-
-    def __init__(self, marker: Path):
-        self.marker = marker
-
-    def __reduce__(self):
-        return os.system, (f"touch {self.marker}",)
-
-
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory) -> dict[str, Path]:
     """A finished cifar run ({good}), files that are not checkpoints, broken datasets of each kind."""
@@ -280,6 +291,16 @@ def paths(tmp_path_factory) -> dict[str, Path]:
                        ("html", "<html><body>404</body></html>"), ("empty", "")):  # fmt: skip
         p[name] = root / f"file.{name}"
         p[name].write_text(text)
+    p["badstep"] = root / "badstep.pt"  # loads with weights_only, but its step is text
+    torch.save({**torch.load(p["good"] / "last.pt", weights_only=True), "step": "3"}, p["badstep"])
+    from tokenizers import Tokenizer, models
+
+    tok = Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>")).to_str()
+    for name, tokenizer, config in (("tr_tok", "not json", {}), ("tr_cfg", tok, {"vocab_size": 8, "d_model": 6})):
+        p[name] = root / f"{name}.pt"  # a transformer checkpoint whose tokenizer or model config cannot be used
+        torch.save({"model": {}, "tokenizer": tokenizer, "model_config": config}, p[name])
+    p["dirs"] = root / "dirs"  # a directory where a run writes its file
+    (p["dirs"] / "metrics.jsonl").mkdir(parents=True)
     p["cifar11"] = make_jpeg_imagefolder(root / "cifar11", {"train": 11, "test": 11}, classes=11)
     p["cifar10"] = make_cifar_pickles(root / "cifar10", n_train=10, n_test=5)
     p["cifar_corrupt"] = make_jpeg_imagefolder(root / "cifar_corrupt", {"train": 10, "test": 10}, classes=10)
@@ -303,14 +324,19 @@ def paths(tmp_path_factory) -> dict[str, Path]:
 
     pairs = synthetic_corpus(0, (40, 0, 0))["train"]
     for name, de, en in (("corpus", pairs[0], pairs[1]), ("corpus_latin1", ["Gr\xfc\xdfe"] * 40, pairs[1]),
-                         ("corpus_empty", [""] * 40, pairs[1]), ("corpus_badgz", None, pairs[1])):  # fmt: skip
+                         ("corpus_empty", [""] * 40, pairs[1]), ("corpus_badgz", None, pairs[1]),
+                         ("corpus_utf16", pairs[0], pairs[1]), ("corpus_short", pairs[0], pairs[1][:-3]),
+                         ("corpus_dirde", None, pairs[1])):  # fmt: skip
         d = p[name] = root / name
         d.mkdir()
         (d / "train.en").write_text("\n".join(en) + "\n")
         if name == "corpus_badgz":
             (d / "train.de.gz").write_bytes(b"not gzip at all")
+        elif name == "corpus_dirde":
+            (d / "train.de").mkdir()
         else:
-            (d / "train.de").write_bytes(("\n".join(de) + "\n").encode("latin1" if "latin1" in name else "utf-8"))
+            enc = {"corpus_latin1": "latin1", "corpus_utf16": "utf-16"}.get(name, "utf-8")
+            (d / "train.de").write_bytes(("\n".join(de) + "\n").encode(enc))
     return p
 
 

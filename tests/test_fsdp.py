@@ -6,18 +6,22 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
+import shutil
 import signal
+import subprocess
 import sys
 import time
 
 import pytest
 import torch
-from conftest import PY, REPO, descendants_with_rank, popen, run, run_records, torchrun, torchrun_cmd
+from conftest import PY, REPO, Evil, descendants_with_rank, free_port, popen, run, run_records, torchrun, torchrun_cmd
 
 sys.path.insert(0, str(REPO))
 pytest.importorskip("tokenizers")
 pytest.importorskip("sacrebleu")
+import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -103,7 +107,9 @@ def test_sigkill_during_a_sharded_save_then_the_same_command_ends_as_one_run(fsd
 def test_resume_on_three_processes_reshards(fsdp, tmp_path):
     """2 processes' checkpoint resumed by 3: the shards are read into 3 parts, and training goes on from the same
     position (at the next epoch boundary, as after any change of world size), with Adam's state carried over; under
-    --amp bf16 (weights gathered in bf16, gradients reduced in fp32) from an fp32 run."""
+    --amp bf16 (weights gathered in bf16, gradients reduced in fp32) from an fp32 run. A file named like a directory
+    of shards is left alone."""
+    (tmp_path / "last.notes.dcp").write_text("")
     log = torchrun(3, *FSDP, *NO_EVAL, "--amp", "bf16", "--max-steps", "10", "--resume", fsdp / "last.pt",
                    "--output-dir", tmp_path).stdout  # fmt: skip
     assert "resumed from" in log and "epoch 0, step 8, batch 16 of the epoch" in log, log[-3000:]
@@ -113,6 +119,7 @@ def test_resume_on_three_processes_reshards(fsdp, tmp_path):
     assert train == [(9, 1), (10, 1)], records
     assert abs(losses(tmp_path)[9] - losses(fsdp)[8]) < 0.2  # not a fresh model's loss (about 1 higher)
     assert torch.load(tmp_path / "last.pt", weights_only=True)["world_size"] == 3
+    assert (tmp_path / "last.notes.dcp").is_file()
     state = shards(tmp_path)["optimizer"]["state"]
     assert all(s["step"].item() == 10 for s in state.values())  # 8 steps restored, 2 taken
 
@@ -140,6 +147,40 @@ def test_ddp_checkpoint_starts_fsdp_and_translate_reads_best_pt(ddp, fsdp, tmp_p
         train.run_cli(train.cli)
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and err.startswith("error: ") and "sharded checkpoint of an FSDP run" in err, err
+
+
+def test_a_foreign_or_torn_directory_of_shards_is_one_line_on_each_rank(fsdp, tmp_path):
+    """Copies of the FSDP run resumed with their shards tampered with: a `.metadata` that pickles a call, a learning
+    rate that does (the shards rewritten whole), a rank's file gone. torch.distributed.checkpoint's own reader would
+    run both pickles; here each of the 2 ranks ends with exit 2 and one error line, and last.pt stays as it was."""
+    marker, runs = tmp_path / "ran", []
+    for name, want in (("metadata", "posix.system has no place in a checkpoint's metadata"),
+                       ("lr", "its optimizer.param_groups.0.lr is pickled code or objects"),
+                       ("rank1", "is incomplete: __1_0.distcp is missing or truncated")):  # fmt: skip
+        out = tmp_path / name
+        shutil.copytree(fsdp, out)
+        d = out / torch.load(out / "last.pt", weights_only=True)["shards"]
+        if name == "metadata":
+            (d / ".metadata").write_bytes(pickle.dumps(Evil(marker)))
+        elif name == "lr":
+            whole = shards(out)
+            whole["optimizer"]["param_groups"][0]["lr"] = Evil(marker)
+            shutil.rmtree(d)
+            dcp.save(whole, checkpoint_id=d, no_dist=True)
+        else:
+            (d / "__1_0.distcp").unlink()
+        port, last = free_port(), (out / "last.pt").read_bytes()
+        for rank in (0, 1):
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+            proc = subprocess.Popen([PY, *FSDP, "--output-dir", out], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)  # fmt: skip
+            runs.append((proc, want, out, last))
+    for proc, want, out, last in runs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 2 and err.startswith("error: ") and err.count("\n") == 1 and want in err, err[-3000:]
+        assert (out / "last.pt").read_bytes() == last
+    assert not marker.exists()
 
 
 def test_compiled_fsdp_trains_like_eager(fsdp, tmp_path):

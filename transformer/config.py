@@ -84,6 +84,8 @@ def check_args(args: argparse.Namespace) -> None:
     top = ModelConfig.max_positions - 1
     need(0 < args.max_len <= top, "--max-len", args.max_len, f"must be in 1..{top}", "the model's positions")
     need(args.vocab_size >= 8, "--vocab-size", args.vocab_size, "must be at least 8", "e.g. 8000")
+    need(args.vocab_size <= 2**24, "--vocab-size", args.vocab_size, f"must be at most {2**24}",
+         "the tokenizer trainer reserves memory for every entry up front; e.g. 8000")  # fmt: skip
     for attr, flag in (("val_split", "--val-split"), ("warmup_steps", "--warmup-steps"), ("samples", "--samples")):
         need(getattr(args, attr) >= 0, flag, getattr(args, attr), "must be 0 or more", "0: none")
     need(finite(args.clip_grad) and args.clip_grad >= 0, "--clip-grad", args.clip_grad, "must be >= 0", "0: off")

@@ -111,9 +111,10 @@ def read_lines(path: Path) -> list[str]:
         raw = gzip.open(path, "rb").read() if path.suffix == ".gz" else path.read_bytes()
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
+        enc = "utf-16" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else "latin1"  # UTF-16 begins with its byte order mark
         raise UserError(
             f"cannot read {path}: not UTF-8 ({e.reason} at byte {e.start}) (convert it, e.g. "
-            f"iconv -f latin1 -t utf-8 {path.name} > {path.name}.utf8)"
+            f"iconv -f {enc} -t utf-8 {path.name} > {path.name}.utf8)"
         ) from None
     except (OSError, EOFError) as e:
         raise UserError(f"cannot read {path}: {e} (check that the file is readable and, if .gz, complete)") from None
@@ -130,7 +131,7 @@ def read_text_dir(root: Path, src: str, tgt: str) -> Splits:
         return next((p for p in (root / f"{split}.{lang}", root / f"{split}.{lang}.gz") if p.is_file()), None)
 
     if find("train", src) is None or find("train", tgt) is None:
-        langs = sorted({p.name.split(".")[1] for p in root.glob("train.*") if len(p.name.split(".")) >= 2})
+        langs = sorted({p.name.split(".")[1] for p in root.glob("train.*") if p.is_file()})
         raise UserError(
             f"no train.{src} and train.{tgt} (optionally .gz) in {root} "
             f"(languages found: {', '.join(langs) or 'none'}; set --lang-src/--lang-tgt)"
@@ -142,7 +143,8 @@ def read_text_dir(root: Path, src: str, tgt: str) -> Splits:
             continue
         a, b = read_lines(fs), read_lines(ft)
         if len(a) != len(b):
-            raise UserError(f"{fs} has {len(a)} lines but {ft} has {len(b)}: not line-aligned")
+            raise UserError(f"{fs} has {len(a)} lines but {ft} has {len(b)}: not line-aligned (line i of one "
+                            "must be the translation of line i of the other)")  # fmt: skip
         splits[split] = (a, b)
     return splits
 
@@ -267,6 +269,18 @@ def shared_tokenizer(args, train: tuple[list[str], list[str]], info: DistInfo) -
     """Rank 0 trains the tokenizer on both sides of the training pairs; every rank gets its JSON by broadcast."""
     tok_json = train_tokenizer(args.tokenizer, train[0] + train[1], args.vocab_size).to_str() if info.is_main else None
     return broadcast_object(tok_json)
+
+
+def load_tokenizer(text: str, path):
+    """The tokenizer a checkpoint at ``path`` carries as JSON, or one line naming the file."""
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_str(text)
+    except Exception as e:  # the tokenizers package raises Exception itself on JSON it cannot use
+        detail = " ".join(str(e).split())[:160]
+        raise UserError(f"checkpoint {path} holds no usable tokenizer: {detail} (pass a last.pt or best.pt that "
+                        "transformer/train.py wrote)") from None  # fmt: skip
 
 
 def encode(tok, sentences: list[str]) -> list[list[int]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import shutil
 import time
 from pathlib import Path
@@ -110,8 +111,65 @@ def save(state: dict, model, optimizer, path: Path, whole: bool) -> None:
         os.replace(tmp, final)
         save_checkpoint({**state, "model": weights, "optimizer": {}, "shards": final.name}, path)
         for old in path.parent.glob(f"*{path.stem}.*.dcp"):
-            if old != final:
+            if old != final and old.is_dir():  # a file of that name is not one of ours
                 shutil.rmtree(old)
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """A shard directory's `.metadata` (torch.distributed.checkpoint pickles it whole): only the classes it holds,
+    so that a foreign directory cannot run code, as `weights_only=True` ensures for a `.pt` file."""
+
+    ALLOWED = {("pathlib", "PosixPath"), ("torch", "Size"), ("torch.serialization", "_get_layout"),
+               ("torch.distributed.checkpoint.filesystem", "_StorageInfo")}  # fmt: skip
+
+    def find_class(self, module: str, name: str):
+        known = (module, name) in self.ALLOWED or module == "torch.distributed.checkpoint.metadata" and "." not in name
+        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        found = super().find_class(module, name) if known or dtype else None  # no other module is even imported
+        if found is None or not (dtype or (module, name) in self.ALLOWED or isinstance(found, type)):
+            raise pickle.UnpicklingError(f"{module}.{name} has no place in a checkpoint's metadata")
+        return found
+
+
+def _shard_reader(path: Path, ckpt: dict) -> tuple:
+    """A reader of the directory of shards that ``ckpt`` (read from ``path``) names, once its `.metadata` has been
+    read safely and every file it lists is there, whole. Values that are not tensors, such as the learning rate,
+    must load with `weights_only=True` too."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    name = ckpt["shards"]
+    shards = path.parent / name if isinstance(name, str) and name == Path(name).name else None
+    if shards is None or not shards.is_dir():
+        raise UserError(f"{path} names the directory {name!r} beside it, which is missing (copy both)")
+    try:
+        with open(shards / ".metadata", "rb") as f:
+            metadata = _MetadataUnpickler(f).load()
+        ends = {(s.relative_path, s.offset + s.length) for s in metadata.storage_data.values()}
+    except Exception as e:  # whatever a torn or foreign file makes the unpickler raise
+        detail = e.strerror if isinstance(e, OSError) else str(e)[:160]
+        raise UserError(f"cannot read {shards}/.metadata: {detail} (copy the directory whole)") from None
+    for file, end in sorted(ends):
+        if file != Path(file).name or not (shards / file).is_file() or (shards / file).stat().st_size < end:
+            raise UserError(f"{shards} is incomplete: {file} is missing or truncated (copy the directory whole)")
+
+    class Reader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):  # the one read above, as FileSystemReader completes it
+            metadata.storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    class Planner(DefaultLoadPlanner):
+        def load_bytes(self, read_item, value) -> None:
+            try:  # the default reads them with pickle: only once they are plain values
+                torch.load(value, weights_only=True)
+            except pickle.UnpicklingError:
+                raise UserError(f"refusing to load {shards}: its {read_item.dest_index.fqn} is pickled code or "
+                                "objects, not a plain value (only load checkpoints you trust)") from None  # fmt: skip
+            value.seek(0)
+            super().load_bytes(read_item, value)
+
+    return Reader(shards), Planner()
 
 
 def load(path: Path, ckpt: dict, model, optimizer) -> None:
@@ -122,11 +180,10 @@ def load(path: Path, ckpt: dict, model, optimizer) -> None:
 
     try:
         if "shards" in ckpt:
-            if not (path.parent / ckpt["shards"]).is_dir():
-                raise UserError(f"{path} names the directory {ckpt['shards']} beside it, which is missing (copy both)")
+            reader, planner = _shard_reader(path, ckpt)
             model_state, optim_state = get_state_dict(model, optimizer)
             state = {"model": model_state, "optimizer": optim_state}
-            dcp.load(state, checkpoint_id=path.parent / ckpt["shards"])
+            dcp.load(state, storage_reader=reader, planner=planner)
             set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
             return
         # the DDP optimizer's state is keyed by position in the parameter groups: name each by its parameter
@@ -139,5 +196,7 @@ def load(path: Path, ckpt: dict, model, optimizer) -> None:
                        options=StateDictOptions(full_state_dict=True))  # fmt: skip
     except (RuntimeError, ValueError, KeyError, IndexError, dcp.CheckpointException) as e:
         cause = next(iter(e.failures.values()))[0] if isinstance(e, dcp.CheckpointException) else e  # one rank's
+        if isinstance(cause, UserError):
+            raise cause from None
         detail = " ".join(str(cause).split())[:240]
         raise UserError(f"checkpoint {path} does not fit this model (another preset or size?): {detail}") from None

@@ -70,6 +70,7 @@ from .data import (
     decode,
     encode,
     load_corpus,
+    load_tokenizer,
     one_line,
     shared_tokenizer,
     token_batches,
@@ -255,7 +256,6 @@ def main(args: argparse.Namespace) -> None:
     pack_len = min(args.pack_len, args.max_tokens)
     if args.max_len >= pack_len:
         print0(f"note: --max-len {args.max_len} lowered to {pack_len - 1}: a pair must fit a row of {pack_len}")
-    from tokenizers import Tokenizer  # check_args made sure it is installed
 
     # [DDP 1] init the process group (torchrun, Slurm, MPI, --dist-url or none) and pick this rank's device.
     info = setup_distributed(args)
@@ -282,9 +282,9 @@ def main(args: argparse.Namespace) -> None:
     if ckpt is not None and "tokenizer" not in ckpt:
         raise UserError(f"checkpoint {ckpt_path} has no tokenizer (not from transformer/train.py?)")
     r.tok_json = ckpt["tokenizer"] if ckpt is not None else shared_tokenizer(args, splits["train"], info)
+    r.tok = load_tokenizer(r.tok_json, ckpt_path)
     if info.is_main:
         (out / "tokenizer.json").write_text(r.tok_json)
-    r.tok = Tokenizer.from_str(r.tok_json)
     data = build_data(args, info, r.tok, splits, pack_len)
     r.sampler, r.eval_sets = data.sampler, data.eval_sets
 

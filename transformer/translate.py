@@ -21,6 +21,7 @@ if __name__ == "__main__":  # a faster start: no cyclic GC during the imports (B
 import argparse
 import gc
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -33,7 +34,7 @@ from common.checks import check_positive_ints, need
 from common.errors import UserError, run_cli
 from common.utils import amp_dtype
 
-from .data import decode, encode, one_line, read_lines
+from .data import decode, encode, load_tokenizer, one_line, read_lines
 from .model import ModelConfig, Transformer, allow_cudnn_attention, translate_ids
 
 
@@ -60,6 +61,10 @@ def check_args(args: argparse.Namespace) -> torch.device:
         need(not out.is_dir(), "--output", args.output, "is a directory", "name a file to write")
         parent = next((q for q in out.parents if q.exists()), None)
         need(parent is None or parent.is_dir(), "--output", args.output, f"is under the file {parent}", "fix the path")
+        try:  # a directory it cannot write in fails now, not after the translating
+            tempfile.TemporaryFile(dir=parent).close()
+        except OSError as e:
+            raise UserError(f"--output {args.output}: cannot write in {parent} ({e.strerror}; pick another)") from None
     try:
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     except RuntimeError:
@@ -74,7 +79,7 @@ def check_args(args: argparse.Namespace) -> torch.device:
 def main(args: argparse.Namespace) -> None:
     device = check_args(args)
     try:
-        from tokenizers import Tokenizer
+        import tokenizers  # noqa: F401  (load_tokenizer imports it)
     except ImportError:
         raise UserError("translate.py needs the tokenizers package (pip install tokenizers)") from None
     ckpt = load_checkpoint(args.checkpoint)  # weights_only: a foreign file cannot run code
@@ -82,8 +87,13 @@ def main(args: argparse.Namespace) -> None:
         raise UserError(f"{args.checkpoint} is not a transformer/train.py checkpoint (no tokenizer or model config)")
     if "shards" in ckpt and not ckpt["model"]:
         raise UserError(f"{args.checkpoint} is an --fsdp run's last.pt, whose weights are in shards: give its best.pt")
-    tok = Tokenizer.from_str(ckpt["tokenizer"])
-    model = Transformer(ModelConfig(**ckpt["model_config"]))
+    tok = load_tokenizer(ckpt["tokenizer"], args.checkpoint)
+    try:
+        model = Transformer(ModelConfig(**ckpt["model_config"]))
+    except (TypeError, ValueError, RuntimeError, AssertionError, ArithmeticError) as e:  # unknown or impossible sizes
+        detail = " ".join(str(e).split())[:160]
+        raise UserError(f"{args.checkpoint} holds no usable model config: {detail} (pass a best.pt that "
+                        "transformer/train.py wrote)") from None  # fmt: skip
     load_model_state(model, ckpt["model"], args.checkpoint)
     model.to(device).eval()
     allow_cudnn_attention(False)  # decoding brings a new shape every step: cuDNN would plan each one
