@@ -148,9 +148,8 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         raise UserError(f"{path} is not a checkpoint of this collection (no 'model' entry)")
     wrong = next((k for k, t in _ENTRIES.items() if k in ckpt and not isinstance(ckpt[k], t)), None)
     if wrong is not None:  # a file that loads, but whose entries the scripts would trip over
-        kind = type(ckpt[wrong]).__name__
-        raise UserError(f"{path} is not a checkpoint of this collection: its '{wrong}' entry is of type {kind} "
-                        "(pass a last.pt or best.pt that a training run wrote)")  # fmt: skip
+        raise UserError(f"{path} is not a checkpoint of this collection: its '{wrong}' entry is a "
+                        f"{type(ckpt[wrong]).__name__} (pass a last.pt or best.pt a training run wrote)")  # fmt: skip
     return ckpt
 
 

@@ -71,16 +71,14 @@ def check_host_port(host_port: str, where: str) -> None:
         raise UserError(f"{where} has no valid port (a number in 1..65535, e.g. tcp://{host}:29500)")
 
 
-RUN_FILES = (".lock", "config.json", "metrics.jsonl", "last.pt", "best.pt")  # what every run writes in --output-dir
-
-
 def check_output_dir(args: argparse.Namespace) -> None:
     """--output-dir can be a directory; --resume none does not overwrite a run without --overwrite."""
     out = Path(args.output_dir)
     p = next(p for p in (out, *out.parents) if p.exists())  # the filesystem root always does
     need(p.is_dir(), "--output-dir", args.output_dir, f"is under the file {p}" if p != out else "is a file",
          "give a directory")  # fmt: skip
-    odd = [n for n in RUN_FILES if (out / n).exists() and not (out / n).is_file()]
+    written = (".lock", "config.json", "metrics.jsonl", "last.pt", "best.pt")  # by every run, in --output-dir
+    odd = [n for n in written if (out / n).exists() and not (out / n).is_file()]
     if odd:  # a directory (or a FIFO) there would fail the run's first write, or the last checkpoint's rename
         raise UserError(f"{out / odd[0]} is not a file, and a run writes its {odd[0]} there (move it away, or pick "
                         "another --output-dir)")  # fmt: skip
@@ -130,14 +128,12 @@ def check_shared(args: argparse.Namespace) -> None:
         value = getattr(args, attr, None)
         if value is not None:
             need(ok(value), flag, value, what, hint)
-    if getattr(args, "compile_mode", None) and not getattr(args, "compile", False):
-        raise UserError("--compile-mode needs --compile")
-    if getattr(args, "compile_mode", None):
+    if mode := getattr(args, "compile_mode", None):
         from torch._inductor import list_mode_options  # what torch.compile accepts, in this torch
 
-        modes = list_mode_options()
-        need(args.compile_mode in modes, "--compile-mode", repr(args.compile_mode), "is unknown",
-             f"choose from {', '.join(modes)}")  # fmt: skip
+        need(getattr(args, "compile", False), "--compile-mode", mode, "needs --compile", "add --compile, or drop it")
+        modes = ", ".join(list_mode_options())
+        need(mode in modes.split(", "), "--compile-mode", repr(mode), "is unknown", f"choose from {modes}")
     check_dist_url(getattr(args, "dist_url", None))
     if hasattr(args, "output_dir"):
         check_output_dir(args)
