@@ -211,6 +211,7 @@ CASES = [
     ("transformer", TR, ["--val-split", "-1"], {}, "--val-split -1 must be 0 or more"),
     ("transformer", TR, ["--resume", "{html}"], {}, NOT_CKPT),
     ("transformer", TR, ["--resume", "none"], {}, "--resume none would overwrite the run in"),
+    ("transformer", TR, ["--output-dir", "{tokdir}"], {}, "holds a tokenizer.json that is not a file"),
     ("transformer", TR, ["--compile-mode", "reduce-overhead"], {}, "--compile-mode reduce-overhead needs --compile"),
     ("transformer", TR, ["--fsdp", "all"], {}, "argument --fsdp: invalid choice: 'all'"),
     ("transformer", TR, ["--fsdp", "--compile", "--compile-mode", "reduce-overhead"], {}, "slower than --compile"),
@@ -301,6 +302,8 @@ def paths(tmp_path_factory) -> dict[str, Path]:
         torch.save({"model": {}, "tokenizer": tokenizer, "model_config": config}, p[name])
     p["dirs"] = root / "dirs"  # a directory where a run writes its file
     (p["dirs"] / "metrics.jsonl").mkdir(parents=True)
+    p["tokdir"] = root / "tokdir"  # a directory where the transformer writes tokenizer.json
+    (p["tokdir"] / "tokenizer.json").mkdir(parents=True)
     p["cifar11"] = make_jpeg_imagefolder(root / "cifar11", {"train": 11, "test": 11}, classes=11)
     p["cifar10"] = make_cifar_pickles(root / "cifar10", n_train=10, n_test=5)
     p["cifar_corrupt"] = make_jpeg_imagefolder(root / "cifar_corrupt", {"train": 10, "test": 10}, classes=10)
