@@ -71,13 +71,13 @@ def check_host_port(host_port: str, where: str) -> None:
         raise UserError(f"{where} has no valid port (a number in 1..65535, e.g. tcp://{host}:29500)")
 
 
-def check_output_dir(args: argparse.Namespace) -> None:
+def check_output_dir(args: argparse.Namespace, writes: tuple[str, ...] = ()) -> None:
     """--output-dir can be a directory; --resume none does not overwrite a run without --overwrite."""
     out = Path(args.output_dir)
     p = next(p for p in (out, *out.parents) if p.exists())  # the filesystem root always does
     need(p.is_dir(), "--output-dir", args.output_dir, f"is under the file {p}" if p != out else "is a file",
          "give a directory")  # fmt: skip
-    written = (".lock", "config.json", "metrics.jsonl", "last.pt", "best.pt")  # by every run, in --output-dir
+    written = (".lock", "config.json", "metrics.jsonl", "last.pt", "best.pt", *writes)  # by a run, in --output-dir
     odd = [n for n in written if (out / n).exists() and not (out / n).is_file()]
     if odd:  # a directory (or a FIFO) there would fail the run's first write, or the last checkpoint's rename
         raise UserError(f"{out / odd[0]} is not a file, and a run writes its {odd[0]} there (move it away, or pick "
@@ -122,8 +122,9 @@ def add_run_args(parser: argparse.ArgumentParser, output_dir: str, print_freq: i
     g.add_argument("--wandb", action="store_true", help="log to Weights & Biases from rank 0 (honours WANDB_MODE)")
 
 
-def check_shared(args: argparse.Namespace) -> None:
-    """The flags every train.py shares (a rule for a flag a script lacks is skipped), --compile-mode and --wandb."""
+def check_shared(args: argparse.Namespace, writes: tuple[str, ...] = ()) -> None:
+    """The flags every train.py shares (a rule for a flag a script lacks is skipped), --compile-mode and --wandb;
+    ``writes``: the files a script writes in --output-dir beyond every run's (they must not be directories)."""
     for attr, flag, ok, what, hint in _RULES:
         value = getattr(args, attr, None)
         if value is not None:
@@ -136,7 +137,7 @@ def check_shared(args: argparse.Namespace) -> None:
         need(mode in modes.split(", "), "--compile-mode", repr(mode), "is unknown", f"choose from {modes}")
     check_dist_url(getattr(args, "dist_url", None))
     if hasattr(args, "output_dir"):
-        check_output_dir(args)
+        check_output_dir(args, writes)
     if getattr(args, "wandb", False):
         check_wandb()
 

@@ -211,7 +211,7 @@ CASES = [
     ("transformer", TR, ["--val-split", "-1"], {}, "--val-split -1 must be 0 or more"),
     ("transformer", TR, ["--resume", "{html}"], {}, NOT_CKPT),
     ("transformer", TR, ["--resume", "none"], {}, "--resume none would overwrite the run in"),
-    ("transformer", TR, ["--output-dir", "{tokdir}"], {}, "holds a tokenizer.json that is not a file"),
+    ("transformer", TR, ["--output-dir", "{tokdir}"], {}, "tokenizer.json is not a file, and a run writes its"),
     ("transformer", TR, ["--compile-mode", "reduce-overhead"], {}, "--compile-mode reduce-overhead needs --compile"),
     ("transformer", TR, ["--fsdp", "all"], {}, "argument --fsdp: invalid choice: 'all'"),
     ("transformer", TR, ["--fsdp", "--compile", "--compile-mode", "reduce-overhead"], {}, "slower than --compile"),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from common.checks import add_run_args, check_positive_ints, check_shared, finite, need
 from common.distributed import add_dist_args
@@ -75,16 +74,13 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    check_shared(args)
+    check_shared(args, writes=("tokenizer.json",))
     try:
         import sacrebleu  # noqa: F401  (imported where used; checked here so a missing one fails before training)
         import tokenizers  # noqa: F401
     except ImportError as e:
         raise UserError(f"this script needs the {e.name} package (pip install {e.name})") from None
     check_positive_ints(args, "max_tokens", "pack_len", "beam", "d_model", "layers", "heads", "d_ff")
-    tok = Path(args.output_dir) / "tokenizer.json"  # this script also writes it there
-    need(tok.is_file() or not tok.exists(), "--output-dir", args.output_dir,
-         "holds a tokenizer.json that is not a file", "move it away, or pick another --output-dir")  # fmt: skip
     top = ModelConfig.max_positions - 1
     need(0 < args.max_len <= top, "--max-len", args.max_len, f"must be in 1..{top}", "the model's positions")
     need(args.vocab_size >= 8, "--vocab-size", args.vocab_size, "must be at least 8", "e.g. 8000")
