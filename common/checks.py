@@ -133,8 +133,8 @@ def check_shared(args: argparse.Namespace, writes: tuple[str, ...] = ()) -> None
         from torch._inductor import list_mode_options  # what torch.compile accepts, in this torch
 
         need(getattr(args, "compile", False), "--compile-mode", mode, "needs --compile", "add --compile, or drop it")
-        modes = ", ".join(list_mode_options())
-        need(mode in modes.split(", "), "--compile-mode", repr(mode), "is unknown", f"choose from {modes}")
+        modes = list_mode_options()
+        need(mode in modes, "--compile-mode", repr(mode), "is unknown", f"choose from {', '.join(modes)}")
     check_dist_url(getattr(args, "dist_url", None))
     if hasattr(args, "output_dir"):
         check_output_dir(args, writes)

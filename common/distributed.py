@@ -181,7 +181,7 @@ def check_launch(launch: DistInfo, env: Mapping[str, str]) -> None:
 
 
 def _pick_backend(requested: str | None, device: torch.device) -> str:
-    backend = requested or ("nccl" if device.type == "cuda" else "gloo")
+    backend = (requested or ("nccl" if device.type == "cuda" else "gloo")).lower()  # torch ignores the case
     if backend == "ccl":
         try:
             import oneccl_bindings_for_pytorch  # noqa: F401  (registers the "ccl" backend)
@@ -190,7 +190,7 @@ def _pick_backend(requested: str | None, device: torch.device) -> str:
                 "--dist-backend ccl needs Intel's oneCCL bindings (pip install oneccl_bind_pt, "
                 "or source oneAPI's setvars.sh); use gloo on CPUs without it"
             ) from None
-    if backend.lower() not in dist.Backend.backend_list:  # what this torch has built in or registered (ccl, above)
+    if backend not in dist.Backend.backend_list:  # what this torch has built in or registered (ccl, above)
         names = ", ".join(b for b in dist.Backend.backend_list if b not in ("undefined", "fake"))
         raise UserError(f"--dist-backend {backend} is not a backend of this torch (use one of {names})")
     if backend == "nccl" and device.type != "cuda":
