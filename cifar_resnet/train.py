@@ -361,7 +361,7 @@ def main(args: argparse.Namespace) -> None:
     r.writer.wait()  # the last checkpoint is on disk before the run says so
     if r.stopped:
         r.stop.exit_preempted(pos.step, logger)
-    best = f"done: step {pos.step}, best {data.eval_name} acc1 {pos.best_metric:.2f}"
+    best = f"done: step {pos.step}" + (f", best {data.eval_name} acc1 {pos.best_metric:.2f}" if args.eval_every else "")
     if not todo:
         print0(f"{best} (already finished: nothing to do)")
         return logger.close()

@@ -147,9 +147,10 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(ckpt, dict) or "model" not in ckpt:
         raise UserError(f"{path} is not a checkpoint of this collection (no 'model' entry)")
     wrong = next((k for k, t in _ENTRIES.items() if k in ckpt and not isinstance(ckpt[k], t)), None)
+    wrong = wrong or next((k for k, t in _ENTRIES.items() if t is int and not 0 <= ckpt.get(k, 0) < 2**62), None)
     if wrong is not None:  # a file that loads, but whose entries the scripts would trip over
-        raise UserError(f"{path} is not a checkpoint of this collection: its '{wrong}' entry is a "
-                        f"{type(ckpt[wrong]).__name__} (pass a last.pt or best.pt a training run wrote)")  # fmt: skip
+        raise UserError(f"{path} is not a checkpoint of this collection: its '{wrong}' entry is {ckpt[wrong]!r:.24} "
+                        f"({type(ckpt[wrong]).__name__}) (pass a last.pt or best.pt a training run wrote)")  # fmt: skip
     return ckpt
 
 

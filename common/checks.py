@@ -73,6 +73,7 @@ def check_host_port(host_port: str, where: str) -> None:
 
 def check_output_dir(args: argparse.Namespace, writes: tuple[str, ...] = ()) -> None:
     """--output-dir can be a directory; --resume none does not overwrite a run without --overwrite."""
+    need(str(args.output_dir).strip(), "--output-dir", "''", "is empty", "name a directory, e.g. runs/NAME")
     out = Path(args.output_dir)
     p = next(p for p in (out, *out.parents) if p.exists())  # the filesystem root always does
     need(p.is_dir(), "--output-dir", args.output_dir, f"is under the file {p}" if p != out else "is a file",

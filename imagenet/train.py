@@ -366,7 +366,7 @@ def main(args: argparse.Namespace, launch: DistInfo | None = None) -> None:
     r.writer.wait()  # the last checkpoint is on disk before the run says so
     if r.stopped:
         r.stop.exit_preempted(pos.step, logger)
-    print0(f"done: step {pos.step}, best val acc1 {pos.best_metric:.2f}")
+    print0(f"done: step {pos.step}" + (f", best val acc1 {pos.best_metric:.2f}" if args.eval_every else ""))
     logger.close()
 
 

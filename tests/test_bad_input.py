@@ -105,7 +105,9 @@ CASES = [
     ("cifar", CIFAR, ["--resume", "{yaml}"], {}, NOT_CKPT),
     ("cifar", CIFAR, ["--resume", "{html}"], {}, NOT_CKPT),
     ("cifar", CIFAR, ["--resume", "{empty}"], {}, "is not a checkpoint (an empty file"),
-    ("cifar", CIFAR, ["--resume", "{badstep}"], {}, "not a checkpoint of this collection: its 'step' entry is a str"),
+    ("cifar", CIFAR, ["--resume", "{badstep}"], {}, "not a checkpoint of this collection: its 'step' entry is '3'"),
+    ("cifar", CIFAR, ["--resume", "{negepoch}"], {}, "not a checkpoint of this collection: its 'epoch' entry is -1"),
+    ("cifar", CIFAR, ["--output-dir", ""], {}, "--output-dir '' is empty (name a directory"),
     ("cifar", CIFAR, ["-a", "resnet32"], {}, "does not fit this model (another --arch, --preset or number of"),
     ("cifar", CIFAR, ["--evaluate", "--output-dir", "{tmp}/o"], {}, "--evaluate needs a checkpoint"),
     ("cifar", CIFAR, ["--max-steps", "6", "-p", "1", "--lr", "1e30"], {}, "at step 3: stopped before writing"),
@@ -187,12 +189,15 @@ CASES = [
      "--pretrained: cannot download"),
     ("imagenet", ["{inet}", "-a", "resnet18"], [], {}, "global batch 256 is larger than the 37"),
     ("imagenet", ["{inet}", "-a", "resnet9000"], [], {}, "unknown --arch 'resnet9000' (did you mean"),
+    ("imagenet", ["--dummy", "-a", "resnet18", "-b", "2", "-j", "0", "--output-dir", "{tmp}/o"],
+     ["--train-crop-size", "10000000"], {}, "out of memory: can't allocate memory"),  # 2.4 PB: beyond any address space
     ("imagenet", ["{inet_bad}", *INET[1:], "--output-dir", "{tmp}/o"], [], {},
      "unreadable image {inet_bad}/train/class0/00002.jpg (not an image"),
     # ---- transformer
     ("transformer", TR, ["--heads", "3"], {}, "--heads 3 does not divide the width 64"),
     ("transformer", TR, ["--d-model", "0"], {}, "--d-model 0 must be at least 1"),
     ("transformer", TR, ["--layers", "0"], {}, "--layers 0 must be at least 1"),
+    ("transformer", TR, ["--d-model", "4000000", "--heads", "1"], {}, "the model of 384040.40B parameters needs"),
     ("transformer", TR, ["--dropout", "1.5"], {}, "--dropout 1.5 must be in [0, 1)"),
     ("transformer", TR, ["--max-len", "0"], {}, "--max-len 0 must be in 1..1023"),
     ("transformer", TR, ["--max-len", "5000"], {}, "--max-len 5000 must be in 1..1023"),
@@ -294,6 +299,8 @@ def paths(tmp_path_factory) -> dict[str, Path]:
         p[name].write_text(text)
     p["badstep"] = root / "badstep.pt"  # loads with weights_only, but its step is text
     torch.save({**torch.load(p["good"] / "last.pt", weights_only=True), "step": "3"}, p["badstep"])
+    p["negepoch"] = root / "negepoch.pt"  # a position no run reaches
+    torch.save({**torch.load(p["good"] / "last.pt", weights_only=True), "epoch": -1}, p["negepoch"])
     from tokenizers import Tokenizer, models
 
     tok = Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>")).to_str()
@@ -427,17 +434,20 @@ def test_suspicious_data_warns_and_trains(paths, tmp_path, capsys):
             f.write_bytes(pickle.dumps({**d, "labels": [0] * len(d["labels"])}))
         entry(["cifar_resnet/train.py", "--data-dir", str(one), "-a", "resnet20", "-b", "4", "-j", "0",
                "--max-steps", "1", "--eval-every", "0", "--output-dir", str(tmp_path / "o1")], {})  # fmt: skip
-        err = capsys.readouterr().err
+        out, err = capsys.readouterr()
         assert err.count("warning:") == 1 and "has label 0: one class trains to a loss of 0" in err, err
+        assert "done: step 1 (" in out and "best" not in out, out  # --eval-every 0: no best to name
         inet = make_jpeg_imagefolder(tmp_path / "inet1", {"train": 4, "val": 2}, classes=1, size=35)
         entry(["imagenet/train.py", str(inet), *INET[1:], "-b", "2", "--max-steps", "1", "--eval-every", "0",
                "--output-dir", str(tmp_path / "o0")], {})  # fmt: skip
-        err = capsys.readouterr().err
+        out, err = capsys.readouterr()
         assert err.count("warning:") == 1 and "holds one class: it trains to a loss of 0" in err, err
+        assert "done: step 1\n" in out and "best" not in out, out
         out, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
     assert proc.returncode == 0 and out.count("dropped 1 training pairs over 4096 characters") == 1, out + err
+    assert "done: step 1, wall" in out and "best" not in out, out
     assert err.count("warning:") == 1 and "2 of " in err and "pairs have an empty side" in err, err
     assert all((tmp_path / o / "last.pt").exists() for o in ("o0", "o1", "o2"))
 

@@ -345,12 +345,14 @@ def test_packed_row_layout():
 # ------------------------------------------------------------------ data sources
 
 
-def write_corpus(root, splits, src="de", tgt="en", gz=("train.de", "val.en")):
+def write_corpus(root, splits, src="de", tgt="en", gz=("train.de", "val.en"), bom=("train.de", "train.en")):
+    """Line-aligned files; those in ``bom`` begin with a UTF-8 byte order mark, as some editors write, which is no
+    part of the first sentence."""
     root.mkdir(parents=True, exist_ok=True)
     for split, (a, b) in splits.items():
         for lang, lines in ((src, a), (tgt, b)):
             name = f"{split}.{lang}"
-            data = ("\n".join(lines) + "\n").encode()
+            data = (("\ufeff" if name in bom else "") + "\n".join(lines) + "\n").encode()
             if name in gz:
                 (root / f"{name}.gz").write_bytes(gzip.compress(data))
             else:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
+
+import torch
 
 from common.checks import add_run_args, check_positive_ints, check_shared, finite, need
 from common.distributed import add_dist_args
 from common.errors import UserError
 
-from .model import PRESETS, ModelConfig
+from .model import PRESETS, ModelConfig, Transformer
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -96,3 +99,21 @@ def check_args(args: argparse.Namespace) -> None:
     need(not graphs, "--compile-mode", "reduce-overhead", "is slower than --compile alone under --fsdp", "drop it")
     width, heads = args.d_model or PRESETS[args.preset]["d_model"], args.heads or PRESETS[args.preset]["n_heads"]
     need(width % heads == 0, "--heads", heads, f"does not divide the width {width}", "pick a divisor of --d-model")
+    check_size(args)
+
+
+def model_config(args: argparse.Namespace, vocab_size: int) -> ModelConfig:
+    """The preset, with the flags that override it."""
+    overrides = {"d_model": args.d_model, "n_heads": args.heads, "d_ff": args.d_ff, "dropout": args.dropout}
+    overrides.update(enc_layers=args.layers, dec_layers=args.layers)
+    return ModelConfig(vocab_size, **{**PRESETS[args.preset], **{k: v for k, v in overrides.items() if v is not None}})
+
+
+def check_size(args: argparse.Namespace) -> None:
+    """Every rank builds the whole model on the host before it moves or shards it (and on a CPU trains it there,
+    with gradients and AdamW's two moments): a model that cannot fit would be killed by the kernel without a word."""
+    with torch.device("meta"):  # shapes only: no memory
+        n = sum(p.numel() for p in Transformer(model_config(args, args.vocab_size)).parameters())
+    size, host = n * (4 if torch.cuda.is_available() else 16), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    need(size <= host, "the model", f"of {n / 1e9:.2f}B parameters", f"needs {size / 2**30:.0f} GiB on the host, "
+         f"which has {host / 2**30:.0f} GiB", "lower --d-model, --d-ff, --layers or --vocab-size")  # fmt: skip

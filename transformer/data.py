@@ -109,7 +109,7 @@ def read_lines(path: Path) -> list[str]:
     """Lines of a UTF-8 text file, plain or .gz; only '\\n' ends a line, so odd Unicode breaks stay inside."""
     try:
         raw = gzip.open(path, "rb").read() if path.suffix == ".gz" else path.read_bytes()
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a leading byte order mark is no part of the text
     except UnicodeDecodeError as e:
         enc = "utf-16" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else "latin1"  # UTF-16 begins with its byte order mark
         raise UserError(

@@ -59,7 +59,7 @@ from common.utils import StopSignal, amp_dtype, autocast, check_finite_loss, par
 from common.watchdog import CHECKPOINT, EVAL_STEP, Watchdog
 
 from . import fsdp
-from .config import check_args, get_args_parser
+from .config import check_args, get_args_parser, model_config
 from .data import (
     PAD,
     PackedBatchSampler,
@@ -76,7 +76,7 @@ from .data import (
     token_batches,
     tokenizers_done_forking,
 )
-from .model import PRESETS, ModelConfig, Transformer, allow_cudnn_attention, translate_ids
+from .model import ModelConfig, Transformer, allow_cudnn_attention, translate_ids
 
 T_START = time.time()
 
@@ -249,9 +249,6 @@ def build_data(args, info, tok, splits: dict, pack_len: int) -> SimpleNamespace:
     return d
 
 
-# ------------------------------------------------------------------ main
-
-
 def main(args: argparse.Namespace) -> None:
     pack_len = min(args.pack_len, args.max_tokens)
     if args.max_len >= pack_len:
@@ -289,10 +286,7 @@ def main(args: argparse.Namespace) -> None:
     r.sampler, r.eval_sets = data.sampler, data.eval_sets
 
     # ---- model
-    overrides = {"d_model": args.d_model, "n_heads": args.heads, "d_ff": args.d_ff, "dropout": args.dropout}
-    overrides.update(enc_layers=args.layers, dec_layers=args.layers)
-    overrides = {k: v for k, v in overrides.items() if v is not None}
-    r.cfg = ModelConfig(r.tok.get_vocab_size(), **{**PRESETS[args.preset], **overrides})
+    r.cfg = model_config(args, r.tok.get_vocab_size())
     r.model = r.ddp = Transformer(r.cfg).to("cpu" if r.fsdp else device)  # what we save, evaluate and restore
     # [DDP 3] wrap the model: gradients are averaged across ranks during backward.
     if r.fsdp:  # [FSDP 3] or shard it: each rank keeps 1/N of the weights, gradients and optimizer state
@@ -380,7 +374,8 @@ def main(args: argparse.Namespace) -> None:
     if r.stopped:
         r.stop.exit_preempted(pos.step, logger)
     r.watchdog.stop()
-    print0(f"done: step {pos.step}, best val BLEU {pos.best_metric:.2f}, wall {time.time() - T_START:.1f}s since start")
+    best = f", best val BLEU {pos.best_metric:.2f}" if args.eval_every else ""
+    print0(f"done: step {pos.step}{best}, wall {time.time() - T_START:.1f}s since start")
     logger.close()
 
 
