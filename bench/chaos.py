@@ -1,6 +1,6 @@
 """Random faults thrown at 2-process CPU runs under torchrun; each ending compared bit for bit with a faultless run.
 
-    python bench/chaos.py cifar --faults 50 --seed 0 --budget-s 450 --log docs/runs/chaos_cifar_seed0_16cpu.jsonl
+    python bench/chaos.py cifar --faults 50 --seed 0 --budget-s 450 --work /tmp/chaos_0 --log chaos_cifar_seed0.jsonl
 
 transformer-fsdp: the transformer's run with --fsdp (sharded checkpoints through torch.distributed.checkpoint).
 
