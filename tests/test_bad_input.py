@@ -237,6 +237,8 @@ CASES = [
      "train.en has 37: not line-aligned (line i of one must be the translation of line i of the other)"),
     ("transformer", ["--data", "{corpus_dirde}", "--lang-src", "de", "--lang-tgt", "en"], [], {},
      "no train.de and train.en (optionally .gz) in {corpus_dirde} (languages found: en; set --lang-src"),
+    ("transformer", ["--data", "{saved_bad}", "--lang-src", "de", "--lang-tgt", "en"], [], {},
+     "save_to_disk wrote, or a directory of text files)"),  # after the datasets package's own words
     ("transformer", ["--data", "{corpus_empty}", "--lang-src", "de", "--lang-tgt", "en"], [], {},
      "every training pair has an empty side"),
     # ---- translate
@@ -307,6 +309,9 @@ def paths(tmp_path_factory) -> dict[str, Path]:
     for name, tokenizer, config in (("tr_tok", "not json", {}), ("tr_cfg", tok, {"vocab_size": 8, "d_model": 6})):
         p[name] = root / f"{name}.pt"  # a transformer checkpoint whose tokenizer or model config cannot be used
         torch.save({"model": {}, "tokenizer": tokenizer, "model_config": config}, p[name])
+    p["saved_bad"] = root / "saved_bad"  # a save_to_disk directory in name only
+    p["saved_bad"].mkdir()
+    (p["saved_bad"] / "state.json").write_text("{not json")
     p["dirs"] = root / "dirs"  # a directory where a run writes its file
     (p["dirs"] / "metrics.jsonl").mkdir(parents=True)
     p["tokdir"] = root / "tokdir"  # a directory where the transformer writes tokenizer.json

@@ -151,12 +151,14 @@ def test_ddp_checkpoint_starts_fsdp_and_translate_reads_best_pt(ddp, fsdp, tmp_p
 
 def test_a_foreign_or_torn_directory_of_shards_is_one_line_on_each_rank(fsdp, tmp_path):
     """Copies of the FSDP run resumed with their shards tampered with: a `.metadata` that pickles a call, a learning
-    rate that does (the shards rewritten whole), a rank's file gone. torch.distributed.checkpoint's own reader would
-    run both pickles; here each of the 2 ranks ends with exit 2 and one error line, and last.pt stays as it was."""
+    rate that does (the shards rewritten whole), a rank's file gone, a rank's file garbled. torch.distributed.
+    checkpoint's own reader would run both pickles; here each of the 2 ranks ends with exit 2 and one error line, and
+    last.pt stays as it was."""
     marker, runs = tmp_path / "ran", []
     for name, want in (("metadata", "posix.system has no place in a checkpoint's metadata"),
                        ("lr", "its optimizer.param_groups.0.lr is pickled code or objects"),
-                       ("rank1", "is incomplete: __1_0.distcp is missing or truncated")):  # fmt: skip
+                       ("rank1", "is incomplete: __1_0.distcp is missing or truncated"),
+                       ("garbled", "holds a shard that does not read back")):  # fmt: skip
         out = tmp_path / name
         shutil.copytree(fsdp, out)
         d = out / torch.load(out / "last.pt", weights_only=True)["shards"]
@@ -167,8 +169,12 @@ def test_a_foreign_or_torn_directory_of_shards_is_one_line_on_each_rank(fsdp, tm
             whole["optimizer"]["param_groups"][0]["lr"] = Evil(marker)
             shutil.rmtree(d)
             dcp.save(whole, checkpoint_id=d, no_dist=True)
-        else:
+        elif name == "rank1":
             (d / "__1_0.distcp").unlink()
+        else:  # whole, but every 7th byte overwritten
+            b = bytearray((d / "__0_0.distcp").read_bytes())
+            b[::7] = bytes(range(256)) * (len(b[::7]) // 256) + bytes(len(b[::7]) % 256)
+            (d / "__0_0.distcp").write_bytes(bytes(b))
         port, last = free_port(), (out / "last.pt").read_bytes()
         for rank in (0, 1):
             env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",

@@ -210,7 +210,8 @@ def read_saved_dataset(path: Path, src: str, tgt: str) -> Splits:
     try:
         obj = datasets.load_from_disk(str(path))
     except Exception as e:
-        raise UserError(f"cannot read the saved dataset at {path}: {str(e).splitlines()[0][:200]}") from None
+        raise UserError(f"cannot read the saved dataset at {path}: {str(e).splitlines()[0][:200]} (give the whole "
+                        "directory that save_to_disk wrote, or a directory of text files)") from None  # fmt: skip
     dd = obj if isinstance(obj, datasets.DatasetDict) else {"train": obj}
     return {split: _pairs_from_columns(ds, src, tgt, f"{path}[{split}]") for split, ds in dd.items()}
 

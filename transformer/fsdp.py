@@ -159,6 +159,15 @@ def _shard_reader(path: Path, ckpt: dict) -> tuple:
             metadata.storage_meta.load_id = self.load_id
             return metadata
 
+        def read_data(self, plan, planner):  # sizes were checked while planning: what fails here is the bytes
+            try:
+                return super().read_data(plan, planner)
+            except UserError:
+                raise
+            except Exception as e:
+                raise UserError(f"{shards} holds a shard that does not read back ({type(e).__name__}; copy the "
+                                "directory whole, or resume from another checkpoint)") from None  # fmt: skip
+
     class Planner(DefaultLoadPlanner):
         def load_bytes(self, read_item, value) -> None:
             try:  # the default reads them with pickle: only once they are plain values
@@ -176,7 +185,13 @@ def load(path: Path, ckpt: dict, model, optimizer) -> None:
     """The weights and optimizer state of ``ckpt`` into the sharded model and optimizer: an FSDP checkpoint's shards
     (resharded to this number of ranks), or a single-file checkpoint of a DDP run (every rank keeps its part)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+        set_state_dict,
+    )
 
     try:
         if "shards" in ckpt:
@@ -186,14 +201,16 @@ def load(path: Path, ckpt: dict, model, optimizer) -> None:
             dcp.load(state, storage_reader=reader, planner=planner)
             set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
             return
+        # a DDP run's single file: the weights first, so that a model of another size is told by its first tensor
+        whole = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(model, strip_prefixes(ckpt["model"]), options=whole)
         # the DDP optimizer's state is keyed by position in the parameter groups: name each by its parameter
         names = {p: n for n, p in model.named_parameters()}
         fqn = [names[p] for group in optimizer.param_groups for p in group["params"]]
         saved = ckpt["optimizer"]
         groups = [{**g, "params": [fqn[i] for i in g["params"]]} for g in saved["param_groups"]]
         optim_state = {"state": {fqn[i]: s for i, s in saved["state"].items()}, "param_groups": groups}
-        set_state_dict(model, optimizer, model_state_dict=strip_prefixes(ckpt["model"]), optim_state_dict=optim_state,
-                       options=StateDictOptions(full_state_dict=True))  # fmt: skip
+        set_optimizer_state_dict(model, optimizer, optim_state, options=whole)
     except (RuntimeError, ValueError, KeyError, IndexError, dcp.CheckpointException) as e:
         cause = next(iter(e.failures.values()))[0] if isinstance(e, dcp.CheckpointException) else e  # one rank's
         if isinstance(cause, UserError):
