@@ -147,6 +147,11 @@ def test_ddp_checkpoint_starts_fsdp_and_translate_reads_best_pt(ddp, fsdp, tmp_p
         train.run_cli(train.cli)
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and err.startswith("error: ") and "sharded checkpoint of an FSDP run" in err, err
+    two = tmp_path / "two_layers"  # a DDP checkpoint of a deeper model: told by the weights it has in excess
+    torchrun(2, *ARGS, *NO_EVAL, "--layers", "2", "--max-steps", "1", "--output-dir", two)
+    p = torchrun(2, *ARGS, *NO_EVAL, "--fsdp", "--resume", two / "last.pt", "--output-dir", tmp_path / "o", check=False)
+    want = 'Error(s) in loading state_dict for FSDPTransformer: Unexpected key(s) in state_dict: "encoder.1.'
+    assert p.returncode != 0 and "does not fit this model" in p.stderr and want in p.stderr, p.stderr[-3000:]
 
 
 def test_a_foreign_or_torn_directory_of_shards_is_one_line_on_each_rank(fsdp, tmp_path):
