@@ -85,8 +85,8 @@ class MetricsLogger:
 
     def __init__(self, output_dir: str | os.PathLike, info: DistInfo, use_wandb: bool = False):
         self.info, self.enabled = info, info.is_main
+        self.path = Path(output_dir) / "metrics.jsonl"
         self.output_dir = Path(output_dir)
-        self.path = self.output_dir / "metrics.jsonl"
         self.wandb, self.use_wandb = None, use_wandb and self.enabled  # the package was checked (checks.check_wandb)
 
     def start(self, args: Any, project: str, run_id: str | None, extra: dict[str, Any]) -> str | None:

@@ -97,9 +97,10 @@ def check_args(args: argparse.Namespace) -> None:
     need(not (args.fsdp and args.keep_last), "--keep-last", args.keep_last, "does not work with --fsdp", "0 with it")
     graphs = args.fsdp and args.compile_mode == "reduce-overhead"  # measured: BENCHMARKS.md, "DDP or FSDP2"
     need(not graphs, "--compile-mode", "reduce-overhead", "is slower than --compile alone under --fsdp", "drop it")
-    width, heads = args.d_model or PRESETS[args.preset]["d_model"], args.heads or PRESETS[args.preset]["n_heads"]
-    need(width % heads == 0, "--heads", heads, f"does not divide the width {width}", "pick a divisor of --d-model")
-    check_size(args)
+    cfg = model_config(args, args.vocab_size)  # the vocabulary the tokenizer may reach
+    need(cfg.d_model % cfg.n_heads == 0, "--heads", cfg.n_heads, f"does not divide the width {cfg.d_model}",
+         "pick a divisor of --d-model")  # fmt: skip
+    check_size(cfg)
 
 
 def model_config(args: argparse.Namespace, vocab_size: int) -> ModelConfig:
@@ -109,11 +110,13 @@ def model_config(args: argparse.Namespace, vocab_size: int) -> ModelConfig:
     return ModelConfig(vocab_size, **{**PRESETS[args.preset], **{k: v for k, v in overrides.items() if v is not None}})
 
 
-def check_size(args: argparse.Namespace) -> None:
+def check_size(cfg: ModelConfig) -> None:
     """Every rank builds the whole model on the host before it moves or shards it (and on a CPU trains it there,
     with gradients and AdamW's two moments): a model that cannot fit would be killed by the kernel without a word."""
+    if not hasattr(os, "sysconf"):  # Windows: no portable figure for the host's memory
+        return
     with torch.device("meta"):  # shapes only: no memory
-        n = sum(p.numel() for p in Transformer(model_config(args, args.vocab_size)).parameters())
+        n = sum(p.numel() for p in Transformer(cfg).parameters())
     size, host = n * (4 if torch.cuda.is_available() else 16), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     need(size <= host, "the model", f"of {n / 1e9:.2f}B parameters", f"needs {size / 2**30:.0f} GiB on the host, "
          f"which has {host / 2**30:.0f} GiB", "lower --d-model, --d-ff, --layers or --vocab-size")  # fmt: skip
