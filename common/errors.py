@@ -1,25 +1,31 @@
-"""User mistakes, and memory that runs out, are one line on stderr; bugs stay tracebacks."""
+"""A user's mistake is one line on stderr and exit code 2; a bug stays a traceback."""
 
 from __future__ import annotations
 
 import re
 import sys
 from collections.abc import Callable
+from typing import Any
 
 
-class UserError(Exception):
-    """A problem the user can fix (bad path, bad flag, foreign checkpoint, ...)."""
+class UserError(Exception):  # a problem the user can fix: a bad path, flag or checkpoint
+    pass
 
 
-def run_cli(main: Callable[[], object]) -> None:
-    """Run ``main``; a UserError or an allocation that fails is ``error: <what> (<hint>)`` and exit code 2."""
+def run_cli(main: Callable[..., Any], *args: Any) -> None:
+    """``main(*args)``, then the process group's cleanup. A UserError, or memory that runs out, is ``error: <what>
+    (<hint>)`` and exit 2."""
+    from common.distributed import cleanup_distributed
+
     try:
-        main()
+        main(*args)
     except (UserError, MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
-        oom = re.search(r"(\w+ out of memory|can't allocate memory)[^\n]{,160}", str(e))  # also a worker's, quoted
+        oom = re.search(r"(\w+ out of memory|can't allocate memory)[^\n]{,160}", str(e))  # a worker's too, quoted
         if isinstance(e, RuntimeError) and not oom:
             raise
         hint = "lower the batch, model or image size; the last checkpoint is intact"
         what = e if isinstance(e, UserError) else f"out of memory: {oom[0] if oom else 'a MemoryError'} ({hint})"
         print(f"error: {what}", file=sys.stderr, flush=True)
         sys.exit(2)
+    finally:
+        cleanup_distributed()

@@ -1,53 +1,45 @@
-"""Small training helpers shared by the scripts: precision, LR shape, stop signals."""
+"""Training helpers the scripts share: precision, the LR as a function of the step, weight decay groups, the weight
+average, and [DDP 5] exact evaluation of a classifier."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
-import os
-import signal
-import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from common.distributed import STOP_SIGNALS, all_reduce_sum, is_dist, print0
+from common.distributed import all_reduce_sum
 from common.errors import UserError
-
-PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "stopped on a signal after saving; rerun the same command"
 
 
 def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
     """``--amp auto|bf16|fp16|none`` -> autocast dtype (None: full precision); auto is bf16 on GPU."""
-    if amp == "auto":
-        amp = "bf16" if device.type == "cuda" else "none"
+    amp = ("bf16" if device.type == "cuda" else "none") if amp == "auto" else amp
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}[amp]
 
 
-def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
-    return contextlib.nullcontext() if dtype is None else torch.autocast(device_type=device.type, dtype=dtype)
-
-
-def lr_lambda(args: Any, steps_per_epoch: int) -> Callable[[int], float]:
-    """``--lr-schedule`` as an LR multiplier, a pure function of the optimizer step: cosine after a linear warmup;
-    onecycle, linear up to the peak at 25% and down to 0; step, x ``--lr-gamma`` every ``--lr-step-size`` epochs."""
+def lr_factor(step: int, args: Any, steps_per_epoch: int) -> float:
+    """The LR of optimizer step ``step`` (from 0) as a fraction of the peak: ``--lr-schedule`` after a linear warmup
+    of ``--warmup-epochs``. cosine: down to 0 at ``--epochs``; onecycle: linear up to 25% of training, then down to 0;
+    step: x ``--lr-gamma`` every ``--lr-step-size`` epochs. Warmup and decay are in epochs, so that a recipe keeps
+    its schedule on any number of GPUs."""
     warmup, total = round(args.warmup_epochs * steps_per_epoch), args.epochs * steps_per_epoch
-    if args.lr_schedule == "cosine":
-        span = max(1, total - warmup)
-        return lambda s: (s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * min(1, (s - warmup) / span)))
     if args.lr_schedule == "onecycle":
         peak = max(1, int(0.25 * total))
-        return lambda s: min((s + 1) / peak, max(0.0, (total - s) / (total - peak)))
-    every = args.lr_step_size * steps_per_epoch
-    return lambda s: min(1.0, (s + 1) / warmup if warmup else 1.0) * args.lr_gamma ** (s // every)
+        return min((step + 1) / peak, max(0.0, (total - step) / (total - peak)))
+    if args.lr_schedule == "cosine" and step >= warmup:
+        return 0.5 * (1 + math.cos(math.pi * min(1, (step - warmup) / max(1, total - warmup))))
+    ramp = min(1.0, (step + 1) / warmup) if warmup else 1.0
+    decay = 1.0 if args.lr_schedule == "cosine" else args.lr_gamma ** (step // (args.lr_step_size * steps_per_epoch))
+    return ramp * decay
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float, skip_norm_bias: bool = True) -> list[dict[str, Any]]:
-    """Weight decay on weights only, none on norm layers and biases (1-d params) if asked."""
+    """Weight decay on weights, none on norm layers and biases (1-d params) if asked."""
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
@@ -55,30 +47,16 @@ def param_groups(model: torch.nn.Module, weight_decay: float, skip_norm_bias: bo
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-@torch.no_grad()
-def evaluate_classifier(
-    model: torch.nn.Module, batches: Iterable, device: torch.device, dtype: torch.dtype | None, tta: bool = False
-) -> dict[str, float]:
-    """Exact metrics of this rank's ``(x, y)`` batches, sums all-reduced: every sample counted once. Pass the bare
-    model (not DDP): ranks may hold different numbers of batches."""
-    model.eval()
-    sums = torch.zeros(4, device=device, dtype=torch.float64)  # loss, correct1, correct5, count
-    for x, y in batches:
-        with autocast(device, dtype):
-            logits = model(x).float()
-            if tta:  # average with the mirrored image
-                logits = (logits + model(torch.flip(x, dims=[3])).float()) / 2
-        hit = logits.topk(min(5, logits.shape[1]), dim=1).indices == y[:, None]  # (batch, k): right at rank j?
-        loss = F.cross_entropy(logits.double(), y, reduction="sum")
-        sums += torch.stack([loss, hit[:, 0].sum(), hit.any(dim=1).sum(), torch.full_like(loss, len(y))])
-    loss, c1, c5, n = all_reduce_sum(sums).tolist()
-    model.train()
-    return {"loss": loss / max(n, 1), "acc1": 100 * c1 / max(n, 1), "acc5": 100 * c5 / max(n, 1), "count": int(n)}
+def check_finite(loss: float, step: int) -> None:
+    """A NaN or infinite loss stops the run before a checkpoint holds such weights."""
+    if not math.isfinite(loss):
+        raise UserError(f"loss is {loss} at step {step}: stopped before writing a checkpoint, the last one is intact "
+                        "(lower --lr, check the data, or resume from last.pt with other settings)")  # fmt: skip
 
 
 class EMA:
-    """A moving average of a model's weights and buffers, updated on the device without a host sync. ``update(n)``
-    after step n uses decay min(decay, (1 + n) / (10 + n)): the first updates are not pulled to the initial weights."""
+    """A moving average of a model's weights and buffers, on the device. After step n, decay min(decay, (1 + n) /
+    (10 + n)): the first updates are not pulled to the initial weights."""
 
     def __init__(self, model: torch.nn.Module, decay: float):
         self.module, self.decay = copy.deepcopy(model).requires_grad_(False), decay
@@ -93,59 +71,24 @@ class EMA:
             e.copy_(m)
 
 
-def check_finite_loss(loss: float | torch.Tensor, step: int) -> None:
-    """A NaN or infinite loss stops the run before a checkpoint holds such weights (checked where the loop syncs)."""
-    if not math.isfinite(value := float(loss)):
-        raise UserError(
-            f"loss is {value} at step {step}: stopped before writing a checkpoint, the last one is intact (lower "
-            "--lr, check the data, or resume from last.pt with other settings)"
-        )
-
-
-def describe(m: dict[str, float]) -> str:
-    skipped = f", {m['skipped']} unreadable skipped" if m.get("skipped") else ""
-    return f"loss {m['loss']:.4f} acc1 {m['acc1']:.2f} acc5 {m['acc5']:.2f} ({m['count']} images{skipped})"
-
-
-class StopSignal:
-    """SIGTERM and SIGUSR2 (Slurm's ``--signal``) on any rank stop every rank at a step boundary: they agree by an
-    all-reduce on a gloo group, started at one step and read at the next, so it never blocks the GPU stream."""
-
-    def __init__(self):
-        self.flag, self.work, self.received = torch.zeros(1, dtype=torch.int32), None, None
-        for name in STOP_SIGNALS:
-            signal.signal(getattr(signal, name), self._handler)
-        # its own group: never interleaves with DDP's gradient all-reduces on the default group
-        self.group = dist.new_group(backend="gloo") if is_dist() else None
-
-    def _handler(self, signum: int, frame: Any) -> None:
-        self.received = signal.Signals(signum).name
-
-    def should_stop(self) -> bool:
-        """Call once per optimizer step on every rank; True once any rank got a signal."""
-        if not is_dist():
-            return self.received is not None
-        stop = False
-        if self.work is not None:
-            self.work.wait()
-            stop = bool(self.flag.item())
-        self.flag.fill_(1 if self.received else 0)
-        self.work = dist.all_reduce(self.flag, group=self.group, async_op=True)
-        return stop
-
-    def exit_preempted(self, step: int, logger: Any) -> None:
-        """After the last checkpoint: say how to continue, exit 75. Also create ``$PREEMPTED_MARKER`` if set:
-        scripts/slurm/requeue.sh requeues on it, as the exit code it sees is torchrun's, not the ranks' 75."""
-        if os.environ.get("PREEMPTED_MARKER"):
-            open(os.environ["PREEMPTED_MARKER"], "a").close()
-        print0(
-            f"stopped by {self.received or 'a signal on another rank'} at step {step}; checkpoint saved, "
-            f"rerun the same command to continue (exit {PREEMPTED_EXIT_CODE})"
-        )
-        logger.close()
-        sys.exit(PREEMPTED_EXIT_CODE)
-
-    def close(self) -> None:
-        if self.work is not None:
-            self.work.wait()
-            self.work = None
+@torch.no_grad()
+def evaluate_classifier(model: torch.nn.Module, batches: Iterable, device: torch.device, dtype: torch.dtype | None,
+                        tta: bool = False) -> dict[str, float]:  # fmt: skip
+    """Exact metrics: each rank sums over its own batches (each sample on one rank, none padded), one all-reduce adds
+    the sums. The bare model, not DDP (ranks may hold unequal batch counts), eager (a new shape would recompile)."""
+    if dist.is_initialized():  # every rank evaluates rank 0's BatchNorm statistics, the ones its checkpoint holds
+        for b in model.buffers():
+            dist.broadcast(b, src=0)
+    model.eval()
+    sums = torch.zeros(4, device=device, dtype=torch.float64)  # loss, correct top-1, correct top-5, count
+    for x, y in batches:
+        with torch.autocast(device.type, dtype, enabled=dtype is not None):
+            logits = model(x).float()
+            if tta:  # average with the mirrored image
+                logits = (logits + model(torch.flip(x, dims=[3])).float()) / 2
+        hit = logits.topk(min(5, logits.shape[1]), dim=1).indices == y[:, None]  # (batch, k): right at rank j?
+        loss = F.cross_entropy(logits.double(), y, reduction="sum")
+        sums += torch.stack([loss, hit[:, 0].sum(), hit.any(dim=1).sum(), torch.full_like(loss, len(y))])
+    loss, c1, c5, n = all_reduce_sum(sums).tolist()  # [DDP 5]
+    model.train()
+    return {"loss": loss / max(n, 1), "acc1": 100 * c1 / max(n, 1), "acc5": 100 * c5 / max(n, 1), "count": int(n)}

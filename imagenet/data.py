@@ -13,8 +13,8 @@ import PIL
 import torch
 import torchvision
 import torchvision.transforms as T
-
 from common.checks import add_run_args, check_positive_ints, check_shared, finite, need
+
 from common.distributed import add_dist_args
 from common.errors import UserError
 

@@ -33,6 +33,8 @@ import torchvision
 if not __package__:  # run as a script: import this folder as a package, whatever it is called, and find common/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = Path(__file__).resolve().parent.name
+from common.watchdog import CHECKPOINT, Watchdog
+
 from common.checkpoint import (
     CheckpointWriter,
     Position,
@@ -68,7 +70,6 @@ from common.utils import (
     lr_lambda,
     param_groups,
 )
-from common.watchdog import CHECKPOINT, Watchdog
 
 from .data import check_bad, collate, fetch_weights, image_folder, mixup_cutmix, parse_args, transforms, weights_file
 from .gpu_decode import EncodedImages, GpuTransform, collate_encoded, prefetch

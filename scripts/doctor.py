@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # find common/; also runs as `python scripts/doctor.py`
 from common.checks import check_shared, finite, need
+
 from common.distributed import DistInfo, add_dist_args, cleanup_distributed, detect_launcher, setup_distributed
 from common.errors import UserError, run_cli
 

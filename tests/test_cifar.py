@@ -9,7 +9,12 @@ from signal import SIGTERM, SIGUSR2
 
 import pytest
 import torch
+from cifar10 import decode_folder, gpu_random_erasing  # noqa: E402  (tests/conftest.py: the scripts' folders)
+from resnets import BasicBlock  # noqa: E402
 
+from cifar_resnet.train import build_model  # noqa: E402
+from common.errors import UserError  # noqa: E402
+from common.utils import EMA  # noqa: E402
 from tests.conftest import (
     assert_same_training_state,
     cifar_data,
@@ -22,13 +27,6 @@ from tests.conftest import (
     run_records,
     torchrun,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from cifar_resnet.data import decode_folder, gpu_random_erasing  # noqa: E402
-from cifar_resnet.model import BasicBlock  # noqa: E402
-from cifar_resnet.train import build_model  # noqa: E402
-from common.errors import UserError  # noqa: E402
-from common.utils import EMA  # noqa: E402
 
 TINY = ["-a", "resnet20", "-b", "4", "--print-freq", "1", "--seed", "3"]  # the paper's ResNet-20: fast on a CPU
 
@@ -60,7 +58,7 @@ def in_process(monkeypatch, *args):
     import cifar_resnet.train as train
 
     monkeypatch.setattr(sys, "argv", ["cifar_resnet/train.py", *map(str, args)])
-    train.run_cli(train.cli)
+    train.run_cli(train.main, train.get_args_parser().parse_args())
 
 
 def test_torchvision_pickle_format(tmp_path, monkeypatch):
@@ -80,47 +78,51 @@ def test_jpeg_imagefolder_with_val_split(tmp_path, tiny_imagefolder, monkeypatch
     assert [r["count"] for r in recs if r["split"] == "val"] == [9]
 
 
-def test_resume_from_a_checkpoint_saved_at_an_epoch_end(tmp_path, tmp_path_factory, monkeypatch):
-    """--save-every-steps at an epoch's last step saves (epoch e, every batch done), before the epoch ends; a job
-    killed right after resumes from it (--gpu-data, which once trained an empty batch there: a phantom step). In
-    this process: 2 epochs of 5 steps, every checkpoint kept; resuming from step 5's (epoch 0, batch 5) must train
-    steps 6-10 as the uninterrupted run did, with no step more."""
+@pytest.mark.parametrize("evaluated", [True, False])
+def test_resume_from_a_checkpoint_saved_at_an_epoch_end(tmp_path, tmp_path_factory, monkeypatch, evaluated):
+    """An epoch's end is checkpointed after its evaluation, at (epoch e + 1, batch 0). A checkpoint of an epoch with
+    every batch done but not yet evaluated, (epoch e, batch 5), is what a resume on another world size can make; made
+    here by hand from the first. Resuming from either must train steps 6-10 as the uninterrupted run did, with no
+    step more (--gpu-data once trained an empty batch there), the pending evaluation done once. In this process: 2
+    epochs of 5 steps, --keep-last keeps step 5's checkpoint."""
     data = cifar_data(tmp_path_factory)  # 40 images, 1 process, batch 8: 5 steps per epoch
     a, b = tmp_path / "a", tmp_path / "b"
     args = ["--epochs", "2", "-b", "8", "-j", "0", "--save-every-steps", "5", "-p", "3"]
     in_process(monkeypatch, *cifar_resume_cmd(data, a, *args, "--keep-last", "20")[1:])
     kept = torch.load(a / "step_00000005.pt", weights_only=True)
-    assert (kept["epoch"], kept["batch_in_epoch"], kept["step"]) == (0, 5, 5)
-    in_process(monkeypatch, *cifar_resume_cmd(data, b, *args, "--resume", a / "step_00000005.pt")[1:])
-    # Logged every 3 steps and at the end: the checkpoint holds steps 4-5's loss, so step 6 logs what it logged in a.
-    train = lambda out: [(r["step"], r["epoch"], r["loss"]) for r in records(out) if r["split"] == "train"]  # noqa: E731
-    assert [s for s, _, _ in train(b)] == [6, 9, 10] and train(b) == train(a)[1:]
-    assert all(loss == loss for _, _, loss in train(b))  # no NaN from an empty batch
+    assert (kept["epoch"], kept["batch_in_epoch"], kept["step"]) == (1, 0, 5)
+    if not evaluated:  # as if saved before the evaluation: its record not yet in metrics.jsonl
+        kept.update(epoch=0, batch_in_epoch=5, log_lines=kept["log_lines"] - 1)
+    b.mkdir()
+    torch.save(kept, b / "last.pt")
+    (b / "metrics.jsonl").write_text("".join(open(a / "metrics.jsonl").readlines()[: kept["log_lines"]]))
+    in_process(monkeypatch, *cifar_resume_cmd(data, b, *args)[1:])
+    assert run_records(b) == run_records(a)  # steps 3 and 5 kept, the evaluation at 5 once, then 6, 9, 10
+    assert [r["step"] for r in run_records(a) if r["split"] == "train"] == [3, 5, 6, 9, 10]
+    assert all(r["loss"] == r["loss"] for r in run_records(b))  # no NaN from an empty batch
     ref, got = (torch.load(x / "last.pt", weights_only=True) for x in (a, b))
     assert_same_training_state(ref, got)
     assert all(torch.equal(v, got["ema"][k]) for k, v in ref["ema"].items())
 
 
 def test_final_evaluation_happens_once(tmp_path, tmp_path_factory, monkeypatch):
-    """A run killed between its last step's checkpoint and the end of the final evaluation (last.pt at step 10, saved
-    by --save-every-steps before the evaluation; no best.pt yet; a write cut short) evaluates on rerun, once: the
-    records equal the uninterrupted run's, the evaluation's and the time record once each, and the temporary file is
-    gone. A rerun of the finished run changes no file. In this process: 2 epochs of 5 steps."""
+    """The last step is checkpointed after the final evaluation, never before it. A run killed during that
+    evaluation (last.pt still step 5's; no best.pt yet; metrics.jsonl written on past step 5; a write cut short)
+    redoes steps 6-10 and evaluates, once: the records equal the uninterrupted run's, and the temporary file is gone.
+    A rerun of the finished run changes no file. In this process: 2 epochs of 5 steps."""
     data, a = cifar_data(tmp_path_factory), tmp_path / "a"
     args = ["--epochs", "2", "-b", "8", "-j", "0", "--keep-last", "9", "--save-every-steps", "5", "--eval-every", "2"]
     run = lambda: in_process(monkeypatch, *cifar_resume_cmd(data, a, *args)[1:])  # noqa: E731
-    strip = lambda recs: [{k: v for k, v in r.items() if k != "time"} for r in recs if r["split"] != "time"]  # noqa: E731
     run()
-    ref = records(a)
-    assert [(r["split"], r.get("step")) for r in ref if r["split"] != "train"] == [("test", 10), ("time", None)]
-    (a / "last.pt").write_bytes((a / "step_00000010.pt").read_bytes())
+    ref = run_records(a)
+    assert [(r["split"], r["step"]) for r in ref if r["split"] != "train"] == [("test", 10)]
+    assert torch.load(a / "step_00000010.pt", weights_only=True)["log_lines"] == len(ref)  # saved after it
+    (a / "last.pt").write_bytes((a / "step_00000005.pt").read_bytes())
     (a / "best.pt").unlink()
     (a / ".last.pt.x1y2.tmp").write_bytes(b"cut short")
     run()
-    got = records(a)
-    assert strip(got) == strip(ref) and [r["split"] for r in got].count("time") == 1
+    assert run_records(a) == ref
     assert (a / "best.pt").exists() and not list(a.glob("*.tmp"))
-    assert torch.load(a / "last.pt", weights_only=True)["eval_step"] == 10
     files = {f.name: f.read_bytes() for f in a.iterdir()}
     run()
     assert {f.name: f.read_bytes() for f in a.iterdir()} == files
@@ -137,7 +139,7 @@ def test_resume_mid_epoch_is_bit_identical(tmp_path, tmp_path_factory, data_path
     gpu = data_path == "gpu-data"
     # Uninterrupted; on the DataLoader path with a worker per rank, while the interrupted legs load in the main process
     # (-j 0): a resume must be exact with another worker count too.
-    # Logged every 3 steps: the loss of the steps before a checkpoint that no line has logged yet travels in last.pt.
+    # Preempted inside a loss window (logged every 3 steps): every rank's part of it travels in last.pt.
     if gpu:
         torchrun(2, *cifar_resume_cmd(data, tmp_path / "a", "-p", "3", gpu_data=gpu))
     else:  # shared with test_chaos.py
@@ -167,7 +169,10 @@ def test_resume_mid_epoch_is_bit_identical(tmp_path, tmp_path_factory, data_path
     assert not torch.equal(mid["model"]["fc.weight"], a["model"]["fc.weight"])  # not vacuous: it trained on
     # every record once, with the same values (b also evaluated at its --max-steps 3)
     rec_a, rec_b = run_records(tmp_path / "a"), run_records(tmp_path / "b")
-    assert [r["step"] for r in rec_a if r["split"] == "train"] == [*range(3, 61, 3)]
+    # logged every 3 steps, at every checkpoint (every 2) and at every epoch's end (every 5)
+    assert [r["step"] for r in rec_a if r["split"] == "train"] == [
+        s for s in range(1, 61) if 0 in (s % 2, s % 3, s % 5)
+    ]
     assert rec_a == [r for r in rec_b if (r["split"], r["step"]) != ("test", 3)]
 
 
@@ -179,7 +184,7 @@ def test_resume_under_another_world_size_continues_the_epoch(tmp_path, tiny_imag
            "--output-dir", tmp_path, "--warmup-epochs", "0", *TINY]  # fmt: skip
     in_process(monkeypatch, *cmd[1:], "--max-steps", "2")
     p = torchrun(2, *cmd)
-    assert "note: checkpoint written by 1 process(es) x 4 samples, now 2 x 4" in p.stdout
+    assert "note: checkpoint of 1 process(es) x 4 samples, now 2 x 4" in p.stdout
     train = [r for r in records(tmp_path) if r["split"] == "train"]
     assert [r["step"] for r in train] == list(range(1, 12))  # 2 + (5 - 1) + 5
     cfg = json.loads((tmp_path / "config.json").read_text())

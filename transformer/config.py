@@ -6,8 +6,8 @@ import argparse
 import os
 
 import torch
-
 from common.checks import add_run_args, check_positive_ints, check_shared, finite, need
+
 from common.distributed import add_dist_args
 from common.errors import UserError
 

@@ -34,6 +34,8 @@ import torch.nn.functional as F
 if not __package__:  # run as a script: import this folder as a package, whatever it is called, and find common/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = Path(__file__).resolve().parent.name
+from common.watchdog import CHECKPOINT, EVAL_STEP, Watchdog
+
 from common.checkpoint import (
     CheckpointWriter,
     Position,
@@ -56,7 +58,6 @@ from common.distributed import (
 from common.errors import UserError, run_cli
 from common.metrics import LossWindow, MetricsLogger, Progress, prepare_output_dir
 from common.utils import StopSignal, amp_dtype, autocast, check_finite_loss, param_groups
-from common.watchdog import CHECKPOINT, EVAL_STEP, Watchdog
 
 from . import fsdp
 from .config import check_args, get_args_parser, model_config

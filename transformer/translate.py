@@ -29,8 +29,9 @@ import torch
 if not __package__:  # run as a script: import this folder as a package, whatever it is called, and find common/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = Path(__file__).resolve().parent.name
-from common.checkpoint import atomic_write, load_checkpoint, load_model_state
 from common.checks import check_positive_ints, need
+
+from common.checkpoint import atomic_write, load_checkpoint, load_model_state
 from common.errors import UserError, run_cli
 from common.utils import amp_dtype
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from common.checkpoint import atomic_write
-from common.distributed import barrier, mix_seed, print0
+from common.distributed import broadcast_object, mix_seed, print0
 from common.errors import UserError
 
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
@@ -118,9 +118,9 @@ def decode_folder(folder: Path, cache_dirs: tuple[Path, ...], workers: int, writ
     """An ImageFolder decoded once into ``.decoded-<split>-<hash>.npz`` in the first writable cache dir: ``writer``
     (one rank per host) decodes with ``workers`` processes and writes it atomically. Call on every rank (a barrier).
     ``classes``: the training set's class names, which label this folder by name, so a class it lacks shifts none."""
-    from torchvision.datasets import ImageFolder
+    import multiprocessing
 
-    from common.data import worker_context
+    from torchvision.datasets import ImageFolder
 
     try:
         found = ImageFolder(str(folder))
@@ -139,12 +139,12 @@ def decode_folder(folder: Path, cache_dirs: tuple[Path, ...], workers: int, writ
         paths = [p for p, _ in samples]
         chunks = [paths[i : i + 1000] for i in range(0, len(paths), 1000)]
         try:
-            ctx = worker_context(workers if len(chunks) > 1 else 0)
-            if ctx is None:
+            if workers < 1 or len(chunks) == 1:
                 data = _decode(paths)
-            else:
+            else:  # processes from a fork server: a fork of this process, with gloo's threads, can hang
                 from concurrent.futures import ProcessPoolExecutor
 
+                ctx = multiprocessing.get_context("forkserver" if sys.platform == "linux" else "spawn")
                 with ProcessPoolExecutor(min(workers, len(chunks)), mp_context=ctx) as pool:
                     data = np.concatenate(list(pool.map(_decode, chunks)))
         except (OSError, ValueError) as e:
@@ -155,7 +155,7 @@ def decode_folder(folder: Path, cache_dirs: tuple[Path, ...], workers: int, writ
             if old != path:
                 old.unlink(missing_ok=True)
         print0(f"decoded {len(paths)} images of {folder} into {path}")
-    barrier()  # the other ranks wait for the file
+    broadcast_object(None)  # a collective: the other ranks wait here for the file
     with np.load(path) as z:
         out = CIFARArrays(z["data"], z["targets"].tolist())
     out.classes = classes

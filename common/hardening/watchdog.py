@@ -25,7 +25,6 @@ TRAIN_DATA = "waiting for the next training batch from the data loader"
 TRAIN_STEP = "in a training step (forward, backward with the gradient all-reduce, optimizer step, logging collectives)"
 EVAL_DATA = "waiting for the next evaluation batch from the data loader"
 EVAL_STEP = "evaluating (forward passes, then the all-reduce or gather of the results)"
-CHECKPOINT = "writing a checkpoint"
 
 
 class Watchdog:
@@ -36,9 +35,13 @@ class Watchdog:
         # (since, doing what, starting); one tuple, replaced whole: the thread never sees half an update
         self.state = (time.monotonic(), "starting the training loop", False)
         self.stepped = False  # True once a whole training step is done: from then on `timeout` applies
+        self.started = False  # the thread starts with the first batch asked for: start-up is not watched
         self._stopped = threading.Event()
         self._poll = min(5.0, timeout / 4)
-        if timeout > 0:
+
+    def start(self) -> None:
+        self.started = True
+        if self.timeout > 0:
             self._arm_fallback()
             threading.Thread(target=self._watch, name="stall-watchdog", daemon=True).start()
             atexit.register(self.stop)  # also on an exception or sys.exit: no armed fallback during shutdown
@@ -49,6 +52,8 @@ class Watchdog:
     def batches(self, iterable: Iterable[T], evaluating: bool = False) -> Iterator[T]:
         """Yield from ``iterable``, labelling the wait for each item and the work done with it."""
         waiting, working = (EVAL_DATA, EVAL_STEP) if evaluating else (TRAIN_DATA, TRAIN_STEP)
+        if not self.started:
+            self.start()
         # an evaluation loader starts its workers for its first batch
         self.state = (time.monotonic(), waiting, evaluating)
         for item in iterable:

@@ -1,0 +1,55 @@
+"""What makes a run survive faults and bad input, turned on by one call: ``hardening.enable(args)``.
+
+The core (``common/*.py``) trains, resumes and evaluates without any of it. ``enable`` checks the command line and
+the launch, then fills the core's seams (``common.distributed.SEAMS``):
+
+| without it | with it |
+|---|---|
+| a bad flag value, launcher variable or checkpoint: a traceback, or a hang | one ``error:`` line, exit 2 |
+| a second job on the same --output-dir: two writers of one checkpoint | refused, one line (``.lock``) |
+| a torchrun restart: the ranks may read a dead peer's address from the agent's store | a store per attempt |
+| the agent SIGKILLed: its ranks go on, or wait for --dist-timeout | they exit within a second |
+| SIGTERM (Slurm preemption): the ranks die, losing the steps since the last checkpoint | every rank stops at one step, rank 0 saves, exit 75 |
+| a hung DataLoader worker, filesystem or collective: the job waits forever | every stack dumped, exit 124 |
+| a signal to the process group kills DataLoader workers first ("worker exited unexpectedly") | workers ignore it; they die with their rank |
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from common.distributed import SEAMS, DistInfo, detect_launcher
+
+from . import checks, launch, preemption, watchdog, workers
+
+
+def enable(args: argparse.Namespace, check: Callable[[argparse.Namespace], None] | None = None,
+           writes: tuple[str, ...] = (), how: DistInfo | None = None) -> None:  # fmt: skip
+    """Check ``args`` (the shared flags, then the script's own ``check``; ``writes``: files the script writes in
+    --output-dir besides every run's), check the launch (``how``: as setup_distributed will be given it), and fill
+    the core's seams. Call before setup_distributed."""
+    checks.check_shared(args, writes)
+    if check is not None:
+        check(args)
+    launch.check_backend(args.dist_backend)
+    launch.check_dist_url(args.dist_url)
+    launch.check_env(os.environ)
+    how = how or detect_launcher(os.environ, args)
+    launch.check_launch(how, os.environ, args)
+    launch.exit_with_launcher(how)
+    out = Path(args.output_dir)
+
+    if how.world_size == 1:
+        checks.claim_output_dir(out, True)
+    SEAMS.init_process_group = functools.partial(launch.init_process_group, claim=functools.partial(
+        checks.claim_output_dir, out, how.rank == 0))  # fmt: skip
+    dog = watchdog.Watchdog(args.stall_timeout, how.rank)
+    SEAMS.batches = dog.batches
+    stop = preemption.Preemption()
+    SEAMS.stop = stop.stop
+    SEAMS.loader = workers.loader_args
+    SEAMS.at_cleanup += [launch.exit_if_launcher_gone, dog.stop, checks.release_locks, stop.at_cleanup]

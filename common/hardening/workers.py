@@ -1,0 +1,68 @@
+"""DataLoader workers that never outlive their rank and never die of the signals meant for it.
+
+Workers are forked from a fork server, never from the rank, whose threads (gloo, NCCL) may hold a lock at the fork
+(CPython gh-112275: a child can hang in ``os.fork()`` on Python before 3.11.10). The server starts with the stop
+signals blocked and inherits that mask, as does every worker it forks: torchrun, Slurm and Ctrl-C signal the whole
+process group, and a worker killed by the signal would fail its rank ("DataLoader worker exited unexpectedly")
+before the rank saves. Each worker ignores them from its first line (``guard``) and dies with the server
+(``PR_SET_PDEATHSIG``), which ends when its rank does.
+"""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import os
+import signal
+import sys
+from typing import Any
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
+
+
+@functools.cache
+def loader_args() -> dict[str, Any]:
+    """DataLoader arguments for workers from the fork server (started now, to overlap the model's construction);
+    none where processes are spawned, not forked (macOS, Windows)."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return {}
+    from multiprocessing import forkserver
+
+    # the server imports these once, not every worker again
+    forkserver.set_forkserver_preload([m for m in ("torch", "torchvision", "PIL.Image", "numpy") if m in sys.modules])
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # inherited by the server, then by every worker
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    server = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    return {"multiprocessing_context": _WorkerContext(), "worker_init_fn": functools.partial(guard, server)}
+
+
+def guard(server: int | None, worker_id: int) -> None:
+    """A worker's first line (``worker_init_fn``): ignore the stop signals (torch's worker set its own SIGTERM
+    handler; the signals stay blocked, and one that came meanwhile is dropped), and die with the fork server."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the kernel kills us when the server ends
+        if server is not None and os.getppid() != server:  # it ended before that line
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+if hasattr(multiprocessing.context, "ForkServerProcess"):  # not on Windows
+    from multiprocessing import popen_forkserver
+
+    class _Popen(popen_forkserver.Popen):
+        """Ending a worker means SIGKILL: it ignores SIGTERM, and a failed rank's exit would otherwise wait for it."""
+
+        def terminate(self) -> None:
+            self.kill()
+
+    class _Worker(multiprocessing.context.ForkServerProcess):
+        _Popen = staticmethod(_Popen)
+
+    class _WorkerContext(multiprocessing.context.ForkServerContext):
+        Process = _Worker
