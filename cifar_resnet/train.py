@@ -143,7 +143,7 @@ def train_one_epoch(model, criterion, optimizer, scaler, ema, batches, pos: Posi
                         Path(args.output_dir) / "last.pt", args.keep_last)  # fmt: skip
         if pos.step == end:
             return False
-        if stop_requested():  # every rank sees it at the same step
+        if stop_requested(pos.step):  # every rank sees it at the same step
             return True
     return False
 
@@ -227,7 +227,9 @@ def main(args: argparse.Namespace) -> None:
             ema = EMA(model, 0.0)
             ema.module.load_state_dict(ckpt["ema"])
         m = evaluate(model, ema, eval_data, args, info, dtype)
-        MetricsLogger(out, info, pos).log({"split": eval_name, "epoch": pos.epoch, "step": pos.step, **m})
+        logger = MetricsLogger(out, info, pos)  # appends to metrics.jsonl
+        logger.start(args, info, "cifar_resnet")
+        logger.log({"split": eval_name, "epoch": pos.epoch, "step": pos.step, **m})
         return print0(f"{ckpt_path} {eval_name}: {describe(m)}")
     total_steps = pos.step + (args.epochs - pos.epoch) * steps_per_epoch - pos.batch_in_epoch // args.accum_steps
     max_steps = min(total_steps, args.max_steps or total_steps)

@@ -49,12 +49,12 @@ def detect_launcher(env: Mapping[str, str], args: argparse.Namespace) -> DistInf
                 accelerate = any(k.startswith("ACCELERATE_") for k in env)
                 name = ("accelerate" if accelerate else name) if "TORCHELASTIC_RUN_ID" in env else "env"
                 url = "env://"
-            else:  # the master: the first host (Slurm: of the node list, gpu07 of gpu[07-09,12]); the port: the job's
+            else:  # Slurm: the node list's first host (gpu07 of gpu[07-09,12]), a port from the job id; MPI: 29500
                 nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "127.0.0.1"
                 first = re.match(r"([^,\[]*)(?:\[([^-,\]]*))?", nodes).groups()
-                host = env.get("MASTER_ADDR") or (first[0] + (first[1] or "") if name == "slurm" else "127.0.0.1")
-                port = env.get("MASTER_PORT") or (15000 + int(env.get("SLURM_JOB_ID", 0)) % 20000)
-                url = f"tcp://{host}:{port}"
+                slurm = first[0] + (first[1] or ""), 15000 + int(env.get("SLURM_JOB_ID", 0)) % 20000
+                host, port = slurm if name == "slurm" else ("127.0.0.1", 29500)
+                url = f"tcp://{env.get('MASTER_ADDR') or host}:{env.get('MASTER_PORT') or port}"
             local_rank = int(env.get(local, args.local_rank or 0))
             return DistInfo(int(env[rank]), local_rank, int(env[size]), launcher=name, init_method=url)
     if args.dist_url and args.world_size > 1:  # pytorch/examples: --dist-url tcp://HOST:PORT --world-size N --rank R
@@ -95,7 +95,7 @@ def cleanup_distributed() -> None:
 class Seams:  # where common/hardening plugs in; a plain run leaves each as it is
     init_process_group: Callable[..., None] = dist.init_process_group  # hardening: a per-restart store, one-line errors
     batches: Callable[[Iterable, bool], Iterable] = lambda items, evaluating: items  # hardening: the stall watchdog
-    stop: Callable[[], bool] = lambda: False  # hardening: True once every rank agrees to stop (preemption)
+    stop: Callable[[int], bool] = lambda step: False  # hardening: True once every rank agrees to stop (preemption)
     loader: Callable[[], dict[str, Any]] = dict  # hardening: DataLoader workers that die with their rank
     at_cleanup: list[Callable[[], None]] = field(default_factory=list)
 
@@ -107,8 +107,8 @@ def watched(items: Iterable, evaluating: bool = False) -> Iterable:  # batches, 
     return SEAMS.batches(items, evaluating)
 
 
-def stop_requested() -> bool:  # once per step on every rank: True once the ranks agreed to stop here (preemption)
-    return SEAMS.stop()
+def stop_requested(step: int) -> bool:  # once per step on every rank: True once the ranks agreed to stop (preemption)
+    return SEAMS.stop(step)
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:  # the sum over all ranks, in place

@@ -1,4 +1,5 @@
-"""Checkpoints: round trip, prefix stripping, atomic writes under SIGKILL, clear errors, safe loading."""
+"""Checkpoints: round trip, prefix stripping, atomic writes under SIGKILL, clear errors, safe loading (the core's
+``torch.load(weights_only=True)``, and hardening's check of a checkpoint before a run starts)."""
 
 import contextlib
 import os
@@ -12,17 +13,15 @@ import pytest
 import torch
 import torch.nn as nn
 
-from common.checkpoint import (
-    CheckpointWriter,
-    load_checkpoint,
-    load_model_state,
-    resolve_resume,
-    save_checkpoint,
-    strip_prefixes,
-    unwrap,
-)
+from common.checkpoint import CheckpointWriter, load_model_state, resolve_resume, save_checkpoint, strip_prefixes
 from common.errors import UserError
+from common.hardening.checks import check_checkpoint
 from tests.conftest import PY, REPO
+
+
+def load_checkpoint(path):  # what a script does, after hardening checked the file
+    check_checkpoint(path)
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def test_round_trip_is_exact_and_weights_only(tmp_path):
@@ -82,12 +81,12 @@ def test_prefix_stripping_both_orders(prefix):
     assert strip_prefixes(sd) == {"0.weight": 1, "0.bias": 2}
 
 
-def test_load_into_ddp_or_compiled_wrapper_and_unwrap():
+def test_a_wrapped_models_weights_load_into_the_bare_model():
     m = nn.Linear(2, 2)
-    wrapped = torch.compile(m)  # has _orig_mod
-    assert unwrap(wrapped) is m
-    sd = {f"module.{k}": torch.zeros_like(v) for k, v in m.state_dict().items()}
-    load_model_state(wrapped, sd, "ckpt")
+    wrapped = torch.compile(m)  # its state dict's keys start with _orig_mod.
+    assert all(k.startswith("_orig_mod.") for k in wrapped.state_dict())
+    sd = {f"module.{k}": torch.zeros_like(v) for k, v in wrapped.state_dict().items()}  # and DDP's module.
+    load_model_state(m, sd, "ckpt")
     assert m.weight.abs().sum() == 0
 
 
@@ -143,8 +142,7 @@ def test_resolve_resume(tmp_path):
     (tmp_path / "last.pt").write_bytes(b"x")
     assert resolve_resume("auto", tmp_path) == tmp_path / "last.pt"
     assert resolve_resume("none", tmp_path) is None
-    with pytest.raises(UserError, match="no such file"):
-        resolve_resume(str(tmp_path / "missing.pt"), tmp_path)
+    assert resolve_resume(str(tmp_path / "other.pt"), tmp_path) == tmp_path / "other.pt"  # hardening checks it is there
 
 
 def test_keep_last_bounds_periodic_copies(tmp_path):
@@ -197,36 +195,33 @@ def test_malicious_checkpoint_refused_by_resume_and_translate(tmp_path):
     assert not marker.exists()
 
 
-def test_one_schema_for_every_script_and_its_restore(tmp_path, capsys):
-    """checkpoint_state() writes DESIGN's keys (EMA under 'ema', script extras beside them); restore_training() puts
-    every piece back, and continue_at_next_epoch() moves a resume whose world size changed to the next epoch."""
-    from common.checkpoint import Position, checkpoint_state, restore_training
+def test_one_schema_for_every_script_and_its_resume(tmp_path):
+    """checkpoint_state() writes DESIGN's keys (EMA under 'ema', script extras beside them); resume() puts every
+    piece back and returns the position."""
+    from common.checkpoint import Position, checkpoint_state, resume
     from common.utils import EMA
-    from transformer.data import continue_at_next_epoch
 
     def parts(seed):
         torch.manual_seed(seed)
         model = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (s + 1))
-        return model, opt, sched, torch.amp.GradScaler("cpu", enabled=False), EMA(model, 0.9)
+        return model, opt, torch.amp.GradScaler("cpu", enabled=False), EMA(model, 0.9)
 
-    model, opt, sched, scaler, ema = parts(0)
+    model, opt, scaler, ema = parts(0)
     model(torch.randn(4, 3)).sum().backward()
-    opt.step(), sched.step(), ema.update(1)
+    opt.step(), ema.update(1)
     args = type("Args", (), {"batch_size": 4, "accum_steps": 1})()
-    pos = Position(epoch=1, step=7, batch_in_epoch=3, best_metric=12.5, wandb_id="w", eval_step=5)
-    state = checkpoint_state(model, opt, sched, scaler, pos, args, 2, ema, tokenizer="{}")
-    assert set(state) == {"model", "optimizer", "scheduler", "scaler", "epoch", "step", "batch_in_epoch",
-                          "best_metric", "eval_step", "wandb_id", "args", "world_size", "ema", "tokenizer"}  # fmt: skip
+    pos = Position(epoch=1, step=7, batch_in_epoch=3, best_metric=12.5, log_lines=9, wandb_id="w")
+    state = checkpoint_state(model, opt, scaler, pos, args, 2, ema, tokenizer="{}")
+    assert set(state) == {"model", "optimizer", "scaler", "epoch", "step", "batch_in_epoch", "best_metric", "log_lines",
+                          "wandb_id", "args", "world_size", "ema", "tokenizer"}  # fmt: skip
     save_checkpoint(state, tmp_path / "last.pt")
     fresh = parts(1)
-    got, ckpt = restore_training(tmp_path / "last.pt", *fresh[:4], ema=fresh[4], world_size=2, batch_size=4,
-                                 accum_steps=1)  # fmt: skip
-    assert got == pos and ckpt["tokenizer"] == "{}" and fresh[2].last_epoch == sched.last_epoch
-    for a, b in [(model, fresh[0]), (ema.module, fresh[4].module)]:
+    ckpt = load_checkpoint(tmp_path / "last.pt")
+    got = resume(tmp_path / "last.pt", ckpt, *fresh, world_size=2, batch_size=4, accum_steps=1)
+    assert got == pos and ckpt["tokenizer"] == "{}"
+    for a, b in [(model, fresh[0]), (ema.module, fresh[3].module)]:
         assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     assert fresh[1].state_dict()["state"][0]["momentum_buffer"].equal(opt.state_dict()["state"][0]["momentum_buffer"])
-    got, ckpt = restore_training(tmp_path / "last.pt", *parts(1)[:4], world_size=3)
-    continue_at_next_epoch(got, ckpt, world_size=3, accum_steps=1)
-    assert (got.epoch, got.batch_in_epoch, got.step) == (2, 0, 7) and "next epoch boundary" in capsys.readouterr().out
+    got = resume(tmp_path / "last.pt", ckpt, *parts(1), world_size=4, batch_size=4, accum_steps=1)
+    assert (got.epoch, got.batch_in_epoch, got.step) == (1, 1, 7)  # 3 micro-batches of 2 x 4 = 1.5 of 4 x 4

@@ -41,7 +41,7 @@ def test_exact_eval_identical_for_world_sizes_1_2_3(tmp_path, tiny_imagefolder, 
     evaluate = ["cifar_resnet/train.py", *common, "-e", "--resume", out / "last.pt", "--output-dir"]
     for argv in (["cifar_resnet/train.py", *common, "--output-dir", out], [*evaluate, tmp_path / "eval1"]):
         monkeypatch.setattr(sys, "argv", list(map(str, argv)))
-        train.cli()
+        train.run_cli(train.main, train.get_args_parser().parse_args())
     run_all([torchrun_cmd(n, *evaluate, tmp_path / f"eval{n}") for n in (2, 3)])
     records = []
     for n in (1, 2, 3):

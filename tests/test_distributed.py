@@ -1,12 +1,19 @@
 """Launcher detection from fabricated environments, and one-line errors for rendezvous problems."""
 
+import argparse
 import socket
 
 import pytest
 
-from common.distributed import detect_launcher, first_host
+from common.distributed import detect_launcher
 from common.errors import UserError
+from common.hardening.launch import check_launch
 from tests.conftest import PY, free_port, run
+
+
+def detect(env, dist_url=None, world_size=-1, rank=-1, local_rank=None):
+    return detect_launcher(env, argparse.Namespace(dist_url=dist_url, world_size=world_size, rank=rank,
+                                                   local_rank=local_rank))  # fmt: skip
 
 
 def test_torchrun_env_wins_even_inside_slurm_and_mpi():
@@ -20,17 +27,17 @@ def test_torchrun_env_wins_even_inside_slurm_and_mpi():
         "PMI_RANK": "0",
         "PMI_SIZE": "2",
     }
-    L = detect_launcher(env)
+    L = detect(env)
     assert (L.launcher, L.rank, L.local_rank, L.world_size, L.init_method) == ("torchrun", 3, 1, 8, "env://")
 
 
 def test_legacy_launch_local_rank_from_argument():
-    L = detect_launcher({"RANK": "1", "WORLD_SIZE": "2"}, local_rank=1)
+    L = detect({"RANK": "1", "WORLD_SIZE": "2"}, local_rank=1)
     assert (L.launcher, L.rank, L.local_rank) == ("env", 1, 1)
 
 
 def test_accelerate_detected():
-    L = detect_launcher(
+    L = detect(
         {
             "RANK": "0",
             "WORLD_SIZE": "2",
@@ -52,16 +59,16 @@ def test_slurm_tasks_with_port_from_job_id():
         "SLURM_JOB_NODELIST": "gpu[07-08]",
         "PATH": "/nonexistent",
     }
-    L = detect_launcher(env)
+    L = detect(env)
     assert (L.launcher, L.rank, L.local_rank, L.world_size) == ("slurm", 5, 1, 8)
     assert L.init_method == f"tcp://gpu07:{15000 + 4242 % 20000}"
-    L = detect_launcher({**env, "MASTER_PORT": "1234", "MASTER_ADDR": "head"})
+    L = detect({**env, "MASTER_PORT": "1234", "MASTER_ADDR": "head"})
     assert L.init_method == "tcp://head:1234"
 
 
 def test_slurm_batch_script_without_srun_is_single_process():
     # `python train.py` inside an sbatch script: SLURM_NTASKS=4 but no srun step -> must not wait for 3 peers
-    L = detect_launcher({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "1"})
+    L = detect({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "1"})
     assert L.launcher == "single" and L.world_size == 1
 
 
@@ -85,22 +92,23 @@ def test_slurm_batch_script_without_srun_is_single_process():
     ],
 )
 def test_mpi_flavours(env, expect):
-    L = detect_launcher(env)
+    L = detect(env)
     assert L.launcher == "mpi" and (L.rank, L.local_rank, L.world_size, L.init_method) == expect
 
 
 def test_dist_url_and_single():
-    L = detect_launcher({}, dist_url="tcp://h:1", world_size=2, rank=1)
+    L = detect({}, dist_url="tcp://h:1", world_size=2, rank=1)
     assert (L.launcher, L.rank, L.world_size, L.init_method) == ("dist-url", 1, 2, "tcp://h:1")
-    with pytest.raises(UserError):
-        detect_launcher({}, dist_url="tcp://h:1", world_size=2)
-    assert detect_launcher({}).launcher == "single"
+    args = argparse.Namespace(dist_url="tcp://h:1", world_size=2, rank=-1, local_rank=None)
+    with pytest.raises(UserError, match="--dist-url needs --rank"):  # hardening's check, before any connection
+        check_launch(detect_launcher({}, args), {}, args)
+    assert detect({}).launcher == "single"
 
 
-def test_first_host_of_nodelist():
-    assert first_host("gpu[07-09,12],cpu1") == "gpu07"
-    assert first_host("a1,a2") == "a1"
-    assert first_host("solo") == "solo"
+@pytest.mark.parametrize("nodes,first", [("gpu[07-09,12],cpu1", "gpu07"), ("a1,a2", "a1"), ("solo", "solo")])
+def test_first_host_of_nodelist(nodes, first):
+    env = {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_JOB_ID": "1", "SLURM_STEP_NODELIST": nodes}
+    assert detect(env).init_method == f"tcp://{first}:15001"
 
 
 def rank_cmd(out, port: int, rank: int, timeout: int) -> list:

@@ -27,6 +27,7 @@ class Preemption:
         self.received: str | None = None  # the signal this rank got
         self.stepping = False  # True from the first step on: a signal then waits for the step boundary
         self.stopped = False  # True once the ranks agreed to stop
+        self.step = 0  # the step of the last check
         for name in SIGNALS:
             signal.signal(getattr(signal, name), self._handler)
 
@@ -36,9 +37,10 @@ class Preemption:
             self.stopped = True
             raise SystemExit(PREEMPTED)
 
-    def stop(self) -> bool:
-        """The core's ``stop_requested()``: once per optimizer step on every rank; True once any rank got a signal."""
-        self.stepping = True
+    def stop(self, step: int) -> bool:
+        """The core's ``stop_requested(step)``: once per optimizer step on every rank; True once any rank got a
+        signal (a step later: the all-reduce started at one step is read at the next)."""
+        self.stepping, self.step = True, step
         if not dist.is_initialized():
             self.stopped = self.received is not None
             return self.stopped
@@ -61,7 +63,7 @@ class Preemption:
             return
         if os.environ.get("PREEMPTED_MARKER") and (not dist.is_initialized() or dist.get_rank() == 0):
             open(os.environ["PREEMPTED_MARKER"], "a").close()
-        saved = "checkpoint saved" if self.stepping else "before the first step, nothing to save"
-        print0(f"stopped by {self.received or 'a signal on another rank'}; {saved}, rerun the same command to "
-               f"continue (exit {PREEMPTED})")  # fmt: skip
+        when = f"at step {self.step}; checkpoint saved" if self.stepping else "before the first step; nothing to save"
+        print0(f"stopped by {self.received or 'a signal on another rank'} {when}, rerun the same command to continue "
+               f"(exit {PREEMPTED})")  # fmt: skip
         sys.exit(PREEMPTED)

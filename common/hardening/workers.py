@@ -26,10 +26,11 @@ def loader_args() -> dict[str, Any]:
     none where processes are spawned, not forked (macOS, Windows)."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return {}
-    from multiprocessing import forkserver
+    from multiprocessing import forkserver, resource_tracker
 
     # the server imports these once, not every worker again
     forkserver.set_forkserver_preload([m for m in ("torch", "torchvision", "PIL.Image", "numpy") if m in sys.modules])
+    resource_tracker.ensure_running()  # first: starting it unblocks SIGINT and SIGTERM, which must stay blocked below
     old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # inherited by the server, then by every worker
     try:
         forkserver.ensure_running()

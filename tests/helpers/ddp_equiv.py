@@ -13,8 +13,9 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from common.args import add_dist_args
 from common.data import ResumableDistributedSampler
-from common.distributed import add_dist_args, cleanup_distributed, setup_distributed
+from common.distributed import cleanup_distributed, setup_distributed
 
 DTYPE = torch.float64  # passed explicitly: the test's process keeps its default dtype
 

@@ -10,7 +10,6 @@ joined one world and read a different shard. ``SPY_FAIL_RANK=R`` makes rank R ex
 
 import argparse
 import atexit
-import gc
 import json
 import os
 import runpy
@@ -19,9 +18,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-gc.disable()  # as the train script would before importing torch (it turns the collector back on after its imports)
+from common.args import add_dist_args
 from common.data import ResumableDistributedSampler
-from common.distributed import add_dist_args, detect_launcher
+from common.distributed import detect_launcher
 
 ENV = (
     "RANK",
@@ -41,7 +40,7 @@ p = argparse.ArgumentParser(add_help=False)
 p.add_argument("--output-dir", required=True)
 add_dist_args(p)
 args, _ = p.parse_known_args(argv)
-launch = detect_launcher(None, args.dist_url, args.world_size, args.rank, args.local_rank)
+launch = detect_launcher(os.environ, args)
 if str(launch.rank) == os.environ.get("SPY_FAIL_RANK"):
     sys.exit(3)
 record = {
@@ -74,4 +73,5 @@ def dump() -> None:
 ResumableDistributedSampler.__iter__ = spying_iter
 atexit.register(dump)
 sys.argv = [target, *argv]
+sys.path.insert(0, str(Path(target).resolve().parent))  # as `python TARGET` would: its folder first
 runpy.run_path(target, run_name="__main__")
