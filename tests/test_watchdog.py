@@ -1,4 +1,4 @@
-"""The stall watchdog (common/watchdog.py) under real torchrun and gloo: a frozen DataLoader worker or a frozen
+"""The stall watchdog (common/hardening/watchdog.py) under real torchrun and gloo: a frozen DataLoader worker or a frozen
 rank ends the run with every thread's stack and one error line; a healthy run with slow steps never trips it."""
 
 import json
@@ -59,7 +59,7 @@ def rank_process_alive(launcher_pid, rank):
 
 
 def dataloader_workers(pid):
-    """DataLoader workers of train.py's process `pid`: the children of its fork server (common.data.worker_context),
+    """DataLoader workers of train.py's process `pid`: the children of its fork server (common/hardening/workers.py),
     or its own children where there is none."""
     procs = processes()
     children = [p for p, (ppid, cmd, _) in procs.items() if ppid == pid and b"resource_tracker" not in cmd]
@@ -141,10 +141,9 @@ def test_a_killed_process_takes_its_stopped_dataloader_worker_along(how):
     which the worker ignores, then the KeyboardInterrupt's exit with its loader still alive), its DataLoader workers
     die with it, even a stopped one, and so does their fork server: none is left holding the job's stdout open."""
     code = ("import sys, time, torch; sys.path.insert(0, sys.argv[1]); "
-            "from common.data import init_worker, worker_context; "
-            "dl = torch.utils.data.DataLoader(range(10**6), batch_size=1, num_workers=1, worker_init_fn=init_worker, "
-            "multiprocessing_context=worker_context(1)); it = iter(dl); next(it); print('ready', flush=True); "
-            "time.sleep(300)")  # fmt: skip
+            "from common.hardening.workers import loader_args; "
+            "dl = torch.utils.data.DataLoader(range(10**6), batch_size=1, num_workers=1, **loader_args()); "
+            "it = iter(dl); next(it); print('ready', flush=True); time.sleep(300)")  # fmt: skip
     proc = popen([PY, "-c", code, str(REPO)], start_new_session=True)
     worker = None
     try:
@@ -166,18 +165,6 @@ def test_a_killed_process_takes_its_stopped_dataloader_worker_along(how):
         kill_leftovers(proc, worker)
 
 
-class WorkerGcState(torch.utils.data.Dataset):
-    """What a DataLoader worker reports about Python's cyclic GC: on, and with objects frozen."""
-
-    def __len__(self):
-        return 2
-
-    def __getitem__(self, i):
-        import gc
-
-        return torch.tensor([gc.isenabled(), gc.get_freeze_count() > 0])
-
-
 class WorkerSignalMask(torch.utils.data.Dataset):
     def __len__(self):
         return 1
@@ -187,26 +174,14 @@ class WorkerSignalMask(torch.utils.data.Dataset):
 
 
 def test_workers_are_born_with_the_stop_signals_blocked():
-    """torch's worker loop installs its own SIGTERM handler before init_worker ignores the signal: a killpg in that
-    window would end the worker. Workers inherit the fork server's mask instead, with SIGINT, SIGTERM and SIGUSR2
-    blocked (init_worker ignores them without blocking, so the mask seen here is the server's)."""
-    from common.data import init_worker, worker_context
+    """torch's worker loop installs its own SIGTERM handler before the worker's guard ignores the signal: a killpg in
+    that window would end the worker. Workers inherit the fork server's mask instead, with SIGINT, SIGTERM and
+    SIGUSR2 blocked (the guard ignores them without unblocking, so the mask seen here is the server's)."""
+    from common.hardening.workers import loader_args
 
-    loader = torch.utils.data.DataLoader(WorkerSignalMask(), num_workers=1, worker_init_fn=init_worker,
-                                         multiprocessing_context=worker_context(1))  # fmt: skip
+    loader = torch.utils.data.DataLoader(WorkerSignalMask(), num_workers=1, **loader_args())
     (mask,) = [set(b[0].tolist()) for b in loader]
     assert {signal.SIGINT, signal.SIGTERM, signal.SIGUSR2} <= mask, mask
-
-
-def test_fork_server_workers_collect_with_what_they_inherit_frozen():
-    """The fork server imports torch with the cyclic GC off (common/forkserver_guard.py); every worker it forks
-    freezes what it inherited and turns the collector back on (init_worker): none runs without one. In this
-    process: the worker unpickles this module's dataset."""
-    from common.data import init_worker, worker_context
-
-    loader = torch.utils.data.DataLoader(WorkerGcState(), batch_size=2, num_workers=1, worker_init_fn=init_worker,
-                                         multiprocessing_context=worker_context(1))  # fmt: skip
-    assert [b.tolist() for b in loader] == [[[True, True], [True, True]]]
 
 
 def test_frozen_rank_ends_the_peer_waiting_in_the_all_reduce(data, tmp_path):
@@ -246,8 +221,8 @@ def test_healthy_run_with_slow_steps_never_fires(data, tmp_path):
 
 def test_main_thread_holding_the_gil_still_ends():
     """After a first step, a C call that never releases the GIL starves the watchdog thread; faulthandler's C timer
-    still dumps the stacks and exits (no torch: common/watchdog.py needs the standard library only)."""
-    code = ("import ctypes, sys, time; sys.path.insert(0, sys.argv[1]); from common.watchdog import Watchdog; "
+    still dumps the stacks and exits (no torch: the watchdog needs the standard library only)."""
+    code = ("import ctypes, sys, time; sys.path.insert(0, sys.argv[1]); from common.hardening.watchdog import Watchdog; "
             "w = Watchdog(1.0); list(w.batches(range(2))); time.sleep(0.6); ctypes.PyDLL(None).sleep(60)")  # fmt: skip
     t0 = time.time()
     p = subprocess.run([PY, "-c", code, str(REPO)], capture_output=True, text=True, timeout=30)
@@ -259,7 +234,7 @@ def test_the_first_batch_of_an_evaluation_gets_the_first_steps_allowance():
     """An evaluation loader starts its workers when an evaluation asks for its first batch: that wait, like the
     first training step, gets FIRST_STEP_TIMEOUT, at every evaluation; a later batch as slow does not (timeout 0.5 s,
     the watchdog alone: no torch)."""
-    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); from common.watchdog import Watchdog\n"
+    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); from common.hardening.watchdog import Watchdog\n"
             "def slow(*waits):\n    for i, s in enumerate(waits):\n        time.sleep(s)\n        yield i\n"
             "w = Watchdog(0.5); list(w.batches(range(2)))\n"
             "for _ in range(2):\n    list(w.batches(slow(1.2), evaluating=True)); print('waited', flush=True)\n"

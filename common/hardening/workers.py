@@ -2,10 +2,10 @@
 
 Workers are forked from a fork server, never from the rank, whose threads (gloo, NCCL) may hold a lock at the fork
 (CPython gh-112275: a child can hang in ``os.fork()`` on Python before 3.11.10). The server starts with the stop
-signals blocked and inherits that mask, as does every worker it forks: torchrun, Slurm and Ctrl-C signal the whole
-process group, and a worker killed by the signal would fail its rank ("DataLoader worker exited unexpectedly")
-before the rank saves. Each worker ignores them from its first line (``guard``) and dies with the server
-(``PR_SET_PDEATHSIG``), which ends when its rank does.
+signals blocked, and so does every worker it forks: torchrun, Slurm and Ctrl-C signal the whole process group, and a
+worker killed by the signal would fail its rank ("DataLoader worker exited unexpectedly") before the rank saves.
+Each worker ignores them from its first line (``guard``) and dies with the server (``PR_SET_PDEATHSIG``), which ends
+when its rank does, however the rank ends.
 """
 
 from __future__ import annotations
@@ -43,8 +43,14 @@ def loader_args() -> dict[str, Any]:
 def guard(server: int | None, worker_id: int) -> None:
     """A worker's first line (``worker_init_fn``): ignore the stop signals (torch's worker set its own SIGTERM
     handler; the signals stay blocked, and one that came meanwhile is dropped), and die with the fork server."""
+    from multiprocessing import forkserver
+
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+    alive = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)
+    if alive is not None:  # the server ends once no process holds this pipe: let that be its rank alone
+        os.close(alive)
+        forkserver._forkserver._forkserver_alive_fd = None
     if sys.platform == "linux":
         import ctypes
 
