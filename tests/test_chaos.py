@@ -130,26 +130,28 @@ def test_a_schedule_of_faults_ends_as_an_uninterrupted_run(tmp_path, tmp_path_fa
 
 
 RANK_DIES_WHILE_A_WORKER_STARTS = """
-import os, signal, sys, time
+import functools, os, signal, sys, time
 import torch
 from common.data import loader_kwargs
+from common.distributed import SEAMS
+from common.hardening import workers
 import slow_init
 
+SEAMS.loader = workers.loader_args  # as hardening.enable() sets it
 data = torch.utils.data.TensorDataset(torch.arange(8))
-kw = {**loader_kwargs(1, 0, 0, torch.device("cpu")), "worker_init_fn": slow_init.init}
+kw = loader_kwargs(1, 0, 0, torch.device("cpu"))
+kw["worker_init_fn"] = functools.partial(slow_init.init, kw["worker_init_fn"])
 batches = iter(torch.utils.data.DataLoader(data, **kw))
-time.sleep(1.5)  # the worker is forked and sleeps in its init, before init_worker
+time.sleep(1.5)  # the worker is forked and sleeps in its init, before the guard
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
 def test_a_worker_whose_rank_dies_while_it_starts_exits_too(tmp_path):
-    """The rank dies (and its fork server with it) between a worker's fork and its init_worker: the worker, too late
-    for the death signal and an orphan, ends itself instead of waiting for its dead rank forever (holding the job's
-    output open, so that whatever waits for the job's end hangs)."""
-    (tmp_path / "slow_init.py").write_text(
-        "import time\nfrom common.data import init_worker\n\ndef init(i):\n    time.sleep(2)\n    init_worker(i)\n"
-    )
+    """The rank dies between a worker's fork and its guard (workers.guard, its worker_init_fn): the worker ends
+    anyway, and so does the fork server, instead of waiting for the dead rank forever (holding the job's output
+    open, so that whatever waits for the job's end hangs)."""
+    (tmp_path / "slow_init.py").write_text("import time\n\ndef init(guard, i):\n    time.sleep(2)\n    guard(i)\n")
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{tmp_path}", "OMP_NUM_THREADS": "1", "CHAOS_MARKER": str(tmp_path)}
     proc = subprocess.run([PY, "-c", RANK_DIES_WHILE_A_WORKER_STARTS], cwd=tmp_path, env=env, timeout=120)
     assert proc.returncode == -signal.SIGKILL
