@@ -47,7 +47,7 @@ def add_shared_args(p: argparse.ArgumentParser, output_dir: str, epochs: int, vi
     g.add_argument("--save-every-steps", type=COUNT, default=0, help="also checkpoint every N steps (0: epoch ends)")
     g.add_argument("--keep-last", type=COUNT, default=0, help="keep the N newest step_*.pt copies (0: none)")
     g.add_argument("--eval-every", type=COUNT, default=1, help="evaluate every N epochs and at the end (0: never)")
-    g.add_argument("--seed", type=checked(int, lambda v: v < 2**63, "must be in 0..2**63-1"), default=0,
+    g.add_argument("--seed", type=checked(int, lambda v: 0 <= v < 2**63, "must be in 0..2**63-1"), default=0,
                    help="data order, augmentation and initialization")  # fmt: skip
     g.add_argument("-p", "--print-freq", type=POSITIVE, default=50, help="log every N steps")
     g.add_argument("--wandb", action="store_true", help="log to Weights & Biases from rank 0 (honours WANDB_MODE)")

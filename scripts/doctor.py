@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import os
 import socket
 import sys
@@ -23,18 +22,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-gc.disable()  # until the end of the imports: see there
 import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # find common/; also runs as `python scripts/doctor.py`
-from common.checks import check_shared, finite, need
-
-from common.distributed import DistInfo, add_dist_args, cleanup_distributed, detect_launcher, setup_distributed
+from common.args import ABOVE_0, COUNT, POSITIVE, add_dist_args
+from common.distributed import DistInfo, setup_distributed
 from common.errors import UserError, run_cli
-
-gc.freeze()  # the collector was off during the imports above (BENCHMARKS.md "Process start-up"); what they
-gc.enable()  # built lives as long as the process: frozen out of every later collection
+from common.hardening import enable_launch
 
 HINTS = (
     "are all ranks started and MASTER_ADDR reachable from every node with its port open (firewall)? "
@@ -135,17 +130,13 @@ def bench_all_reduce(info: DistInfo, size_mb: float, iters: int, warmup: int) ->
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--size-mb", type=float, default=64.0, help="all_reduce message size in MiB")
-    p.add_argument("--iters", type=int, default=20, help="timed all_reduce calls")
-    p.add_argument("--warmup", type=int, default=5, help="untimed calls first")
+    p.add_argument("--size-mb", type=ABOVE_0, default=64.0, help="all_reduce message size in MiB")
+    p.add_argument("--iters", type=POSITIVE, default=20, help="timed all_reduce calls")
+    p.add_argument("--warmup", type=COUNT, default=5, help="untimed calls first")
     add_dist_args(p)
     p.set_defaults(dist_timeout=60.0)
     args = p.parse_args()
-    check_shared(args)
-    need(finite(args.size_mb) and args.size_mb > 0, "--size-mb", args.size_mb, "must be above 0", "e.g. 64")
-    need(args.iters >= 1, "--iters", args.iters, "must be at least 1", "e.g. 20")
-    need(args.warmup >= 0, "--warmup", args.warmup, "must be 0 or more", "e.g. 5")
-    launch = detect_launcher(None, args.dist_url, args.world_size, args.rank, args.local_rank)
+    launch = enable_launch(args)  # the launch's checks: one line for a bad launcher variable or address
     if launch.local_rank == 0:  # once per node: interfaces and settings differ between nodes
         print("\n".join(report_local()), flush=True)
     with watchdog(args.dist_timeout + 10, f"rendezvous at {launch.init_method or 'env://'}"):
@@ -172,12 +163,7 @@ def main() -> None:
         )
 
 
-def cli() -> None:
-    try:
-        main()
-    finally:
-        cleanup_distributed()
 
 
 if __name__ == "__main__":
-    run_cli(cli)
+    run_cli(main)

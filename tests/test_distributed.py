@@ -101,7 +101,7 @@ def test_dist_url_and_single():
     assert (L.launcher, L.rank, L.world_size, L.init_method) == ("dist-url", 1, 2, "tcp://h:1")
     args = argparse.Namespace(dist_url="tcp://h:1", world_size=2, rank=-1, local_rank=None)
     with pytest.raises(UserError, match="--dist-url needs --rank"):  # hardening's check, before any connection
-        check_launch(detect_launcher({}, args), {}, args)
+        check_launch(detect_launcher({}, args), {})
     assert detect({}).launcher == "single"
 
 

@@ -35,21 +35,24 @@ def enable(args: argparse.Namespace, check: Callable[[argparse.Namespace], None]
     checks.check_shared(args, writes)
     if check is not None:
         check(args)
+    how = enable_launch(args, how, Path(args.output_dir))
+    dog, stop = watchdog.Watchdog(args.stall_timeout, how.rank), preemption.Preemption()
+    SEAMS.batches, SEAMS.stop, SEAMS.loader = dog.batches, stop.stop, workers.loader_args
+    SEAMS.at_cleanup += [dog.stop, checks.release_locks, stop.at_cleanup]
+
+
+def enable_launch(args: argparse.Namespace, how: DistInfo | None = None, out: Path | None = None) -> DistInfo:
+    """The launch's part of ``enable``, also for tools with no output dir (scripts/doctor.py): the launch checked,
+    a rank that exits with its launcher, one-line rendezvous errors; ``out``: locked once the group is up."""
     launch.check_backend(args.dist_backend)
     launch.check_dist_url(args.dist_url)
     launch.check_env(os.environ)
     how = how or detect_launcher(os.environ, args)
-    launch.check_launch(how, os.environ, args)
+    launch.check_launch(how, os.environ)
     launch.exit_with_launcher(how)
-    out = Path(args.output_dir)
-
-    if how.world_size == 1:
-        checks.claim_output_dir(out, True)
-    SEAMS.init_process_group = functools.partial(launch.init_process_group, claim=functools.partial(
-        checks.claim_output_dir, out, how.rank == 0))  # fmt: skip
-    dog = watchdog.Watchdog(args.stall_timeout, how.rank)
-    SEAMS.batches = dog.batches
-    stop = preemption.Preemption()
-    SEAMS.stop = stop.stop
-    SEAMS.loader = workers.loader_args
-    SEAMS.at_cleanup += [launch.exit_if_launcher_gone, dog.stop, checks.release_locks, stop.at_cleanup]
+    claim = functools.partial(checks.claim_output_dir, out, how.rank == 0) if out is not None else None
+    if claim is not None and how.world_size == 1:
+        claim()
+    SEAMS.init_process_group = functools.partial(launch.init_process_group, claim=claim)
+    SEAMS.at_cleanup.append(launch.exit_if_launcher_gone)
+    return how

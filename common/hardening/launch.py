@@ -41,9 +41,9 @@ def check_env(env: Mapping[str, str]) -> None:
                             "process)") from None  # fmt: skip
 
 
-def check_launch(launch: DistInfo, env: Mapping[str, str], args) -> None:
+def check_launch(launch: DistInfo, env: Mapping[str, str]) -> None:
     """Rank, world size and rendezvous address make sense and resolve."""
-    if args.dist_url and args.world_size > 1 and args.rank < 0 and launch.launcher == "single":
+    if launch.launcher == "dist-url" and launch.rank < 0:
         raise UserError("--dist-url needs --rank (this process's global rank)")
     src = {"dist-url": "--rank/--world-size", "slurm": "SLURM_PROCID/SLURM_STEP_NUM_TASKS", "mpi": "the MPI rank"}
     src = src.get(launch.launcher, "RANK/WORLD_SIZE")
@@ -116,7 +116,7 @@ def check_backend(requested: str | None) -> None:
         raise UserError(f"--dist-backend {backend} is not a backend of this torch (use one of {names})")
 
 
-def init_process_group(backend: str, *, init_method: str, rank: int, world_size: int, timeout, claim) -> None:
+def init_process_group(backend: str, *, init_method: str, rank: int, world_size: int, timeout, claim=None) -> None:
     """dist.init_process_group, as the core calls it, with what a restarted or failing launch needs; then
     ``claim()``: the output dir's lock, which rank 0 takes and tells the others about."""
     if backend == "nccl" and not __import__("torch").cuda.is_available():
@@ -143,7 +143,8 @@ def init_process_group(backend: str, *, init_method: str, rank: int, world_size:
             hint = "check the launcher's settings; debug with TORCH_DISTRIBUTED_DEBUG=DETAIL"
             raise UserError(f"cannot start the process group at {where}: {first} ({hint})") from None
         raise
-    claim()
+    if claim is not None:
+        claim()
 
 
 def _attempt_store(init_method: str, world_size: int, rank: int, timeout: datetime.timedelta) -> dist.Store | None:
