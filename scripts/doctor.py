@@ -163,7 +163,5 @@ def main() -> None:
         )
 
 
-
-
 if __name__ == "__main__":
     run_cli(main)

@@ -83,8 +83,9 @@ def make_it_yours(doc: str) -> list[str]:
 @pytest.mark.parametrize("doc", ["cifar_resnet/README.md", "imagenet/README.md"])
 def test_copy_as_template_runs_unchanged(tmp_path, doc):
     """Each workload README's copy instruction, run as written (the copy lands in tmp_path): the copy runs with nothing
-    of this repo on the path, under another folder name, and the fork server's guard (the workers' death signal)
-    imports there. ImageNet's runs --gpu-decode, whose CPU fallback needs every file of the folder."""
+    of this repo on the path, under another folder name, and the fork server it starts for DataLoader workers
+    imports its preloaded modules there. ImageNet's runs --gpu-decode, whose CPU fallback needs every file of the
+    folder."""
     folder, proj = doc.split("/")[0], tmp_path / "my_project"
     copy, go = make_it_yours(doc)
     assert go.startswith("cd ../my_project && "), go
@@ -99,9 +100,43 @@ def test_copy_as_template_runs_unchanged(tmp_path, doc):
     p = run(["bash", "-c", go], cwd=proj)
     assert torch.load(proj / "out/last.pt", weights_only=True)["step"] > 0
     assert folder == "cifar_resnet" or "gpu-decode decoded (rank 0): cpu 12" in p.stdout, p.stdout
-    check = "import importlib, multiprocessing.forkserver as f; from common.data import worker_context; "
-    check += "worker_context(1); [importlib.import_module(m) for m in f._forkserver._preload_modules]; print('ok')"
+    check = "import importlib, torch, multiprocessing.forkserver as f; from common.hardening.workers import loader_args"
+    check += "; loader_args(); [importlib.import_module(m) for m in f._forkserver._preload_modules]; print('ok')"
     assert run([PY, "-c", check], cwd=proj).stdout.strip().endswith("ok")
+
+
+def minimal_copy(dst: Path, folder: str, name: str) -> Path:
+    """``folder`` copied as ``dst/name`` with common/ but not common/hardening/, and the lines of train.py that name
+    hardening deleted, nothing else: what a reader who wants the lesson alone keeps."""
+    shutil.copytree(REPO / "common", dst / "common", ignore=shutil.ignore_patterns("hardening", "__pycache__"))
+    shutil.copytree(REPO / folder, dst / name, ignore=shutil.ignore_patterns("__pycache__", "README.md"))
+    train = dst / name / "train.py"
+    lines = train.read_text().splitlines(keepends=True)
+    train.write_text("".join(line for line in lines if "hardening" not in line))
+    code = [line for line in lines if "hardening" in line and not line.strip().startswith("#")]
+    assert [line.split("#")[0].strip() for line in code] == ["from common import hardening", "hardening.enable(args)"]
+    return dst
+
+
+def test_a_minimal_copy_trains_resumes_and_evaluates(tmp_path):
+    """cifar_resnet/ as mynet/, common/ without common/hardening/, train.py less its two hardening lines: 2
+    processes under torchrun with DataLoader workers (-j 2) train, then the same command with more steps resumes
+    from last.pt, then -e evaluates it, each as the full script would. Fails if a core module imports the hardening
+    layer (the copy has none)."""
+    proj = minimal_copy(tmp_path / "p", "cifar_resnet", "mynet")
+    data = make_jpeg_imagefolder(tmp_path / "imgs", {"train": 32, "test": 8}, classes=10)
+    cmd = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "mynet/train.py", "--data-dir",
+           str(data), "-a", "resnet20", "-b", "4", "-j", "2", "--epochs", "2", "-p", "1", "--output-dir", "out"]  # fmt: skip
+    first = run([*cmd, "--max-steps", "3"], cwd=proj).stdout
+    assert "done: step 3" in first and "test: loss" in first, first
+    second = run(cmd, cwd=proj).stdout
+    assert "resumed from out/last.pt: epoch 0, step 3, batch 3 of the epoch" in second and "done: step 8" in second
+    evaluated = run([*cmd, "-e", "--resume", "out/last.pt", "--output-dir", "eval"], cwd=proj).stdout
+    ckpt = torch.load(proj / "out/last.pt", weights_only=True)
+    assert ckpt["step"] == 8 and "out/last.pt test: loss" in evaluated, evaluated
+    full = run([*cmd[:5], str(REPO / "cifar_resnet/train.py"), *cmd[6:], "-e", "--resume", "out/last.pt",
+                "--output-dir", "eval_full"], cwd=proj).stdout  # fmt: skip
+    assert evaluated.splitlines()[-1].split(" test: ")[1] == full.splitlines()[-1].split(" test: ")[1]
 
 
 def test_transformer_copy_runs_under_another_name(tmp_path):
@@ -144,7 +179,7 @@ def test_wandb_missing_is_one_line(tmp_path, monkeypatch, capsys):
         sys, "argv", [*map(str, TINY_CIFAR[1:]), "--max-steps", "1", "--output-dir", str(tmp_path), "--wandb"]
     )
     with pytest.raises(SystemExit) as e:
-        train.run_cli(train.cli)
+        train.run_cli(train.main, train.get_args_parser().parse_args())
     err = capsys.readouterr().err
     assert (
         e.value.code == 2
