@@ -1,5 +1,4 @@
-"""The flags every train.py shares, each defined once, and ``type=`` checks: a bad value is argparse's one
-``error:`` line and exit 2, before anything starts."""
+"""The flags every train.py shares, defined once, and ``type=`` checks: a bad value is argparse's one error line."""
 
 from __future__ import annotations
 

@@ -34,8 +34,7 @@ def strip_prefixes(state_dict: dict[str, Any]) -> dict[str, Any]:  # without DDP
 
 
 def checkpoint_state(model, optimizer, scaler, pos: Position, args, world_size: int, ema=None, **extra) -> dict:
-    """The one schema of last.pt and best.pt, from the bare model (not DDP, not compiled); ``extra``: a script's own
-    entries (the loss window, a tokenizer)."""
+    """The one schema of last.pt and best.pt, from the bare model; ``extra``: a script's own (a tokenizer, ...)."""
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()}
     state.update(asdict(pos), args=vars(args), world_size=world_size, **extra)
     if ema is not None:
@@ -45,8 +44,7 @@ def checkpoint_state(model, optimizer, scaler, pos: Position, args, world_size: 
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike) -> Iterator[IO[bytes]]:
-    """A file that appears at ``path`` whole or not at all: written to a temporary file, fsynced, then renamed over
-    ``path``, so a kill at any moment leaves the old file or the new one, never a torn one."""
+    """A file at ``path`` whole or not at all: a temporary file, fsynced, renamed over it; a kill leaves old or new."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -73,8 +71,7 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike, keep_last: i
 
 class CheckpointWriter:
     """``save_checkpoint`` on a thread, one write at a time: ``save`` waits only for a copy of the state in host
-    memory (training changes the device tensors right after). A failed write raises in the next ``save`` or in
-    ``wait``, which a run calls before it says it is done."""
+    memory. A failed write raises in the next ``save`` or in ``wait``, which a run calls before it says it is done."""
 
     def __init__(self) -> None:
         self.pool, self.pending = ThreadPoolExecutor(1, "checkpoint"), None  # its thread ends with the interpreter
@@ -98,8 +95,7 @@ def _to_host(obj: Any) -> Any:  # a copy in host memory of every tensor in dicts
 
 
 def load_model_state(model: torch.nn.Module, state_dict: dict[str, Any], path: str | os.PathLike) -> None:
-    """Weights into the bare model (from any checkpoint: DDP's and torch.compile's prefixes are dropped); a mismatch
-    is one line naming the file."""
+    """Weights into the bare model (DDP's and torch.compile's prefixes dropped); a mismatch is one line."""
     try:
         model.load_state_dict(strip_prefixes(state_dict))
     except RuntimeError as e:

@@ -1,5 +1,5 @@
-"""[DDP 1] ``setup_distributed(args)``: learn from the environment how this process was launched, pin its device and
-init the process group. ``cleanup_distributed()`` undoes it. Also the few collectives the scripts call by name."""
+"""[DDP 1] ``setup_distributed(args)``: how this process was launched, its device, the process group; and the few
+collectives the scripts call by name."""
 
 from __future__ import annotations
 
@@ -64,8 +64,7 @@ def detect_launcher(env: Mapping[str, str], args: argparse.Namespace) -> DistInf
 
 
 def setup_distributed(args: argparse.Namespace, launch: DistInfo | None = None) -> DistInfo:
-    """Pin this rank's device, then init the process group (one process: none). The device comes first, so that NCCL
-    never puts two ranks on GPU 0."""
+    """Pin this rank's device first (NCCL must not put two ranks on GPU 0), then init the process group, if any."""
     launch = launch or detect_launcher(os.environ, args)
     kind = "cuda" if torch.cuda.is_available() else "xpu" if torch.xpu.is_available() else "cpu"
     device = torch.device("cpu")

@@ -13,8 +13,7 @@ class UserError(Exception):  # a problem the user can fix: a bad path, flag or c
 
 
 def run_cli(main: Callable[..., Any], *args: Any) -> None:
-    """``main(*args)``, then the process group's cleanup. A UserError, or memory that runs out, is ``error: <what>
-    (<hint>)`` and exit 2."""
+    """``main(*args)``, then cleanup; a UserError, or memory that runs out, is ``error: <what> (<hint>)``, exit 2."""
     from common.distributed import cleanup_distributed
 
     try:

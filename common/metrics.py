@@ -1,5 +1,4 @@
-"""Run records, written by rank 0: ``config.json``, ``metrics.jsonl`` (one JSON object a line), progress lines with
-the time left, and wandb when asked. Other ranks' calls do nothing."""
+"""Run records, written by rank 0 (the other ranks' calls do nothing): ``config.json``, ``metrics.jsonl``, progress."""
 
 from __future__ import annotations
 
@@ -18,9 +17,8 @@ from common.distributed import DistInfo
 
 
 class MetricsLogger:
-    """``keep``: how many lines of an existing ``metrics.jsonl`` to keep, 0 for a fresh run, ``pos.log_lines`` for a
-    resumed one, so that the file reads as an uninterrupted run's; None appends (--evaluate). ``log`` counts the
-    lines in ``pos.log_lines``, which every checkpoint records."""
+    """``keep``: the lines of ``metrics.jsonl`` to keep: 0 for a fresh run, a resumed run's checkpoint's
+    ``pos.log_lines`` (``log`` counts them), so it reads as an uninterrupted run's; None appends (--evaluate)."""
 
     def __init__(self, out: Path, info: DistInfo, pos: Position, keep: int | None = None, total: int = 0):
         self.out, self.enabled, self.pos, self.wandb = out, info.is_main, pos, None
@@ -36,7 +34,7 @@ class MetricsLogger:
         gpu = torch.cuda.get_device_name(info.device) if info.device.type == "cuda" else None
         cfg = dict(vars(args), world_size=info.world_size, launcher=info.launcher, backend=info.backend,
                    device=str(info.device), torch=torch.__version__, cuda=torch.version.cuda, gpu=gpu,
-                   git_commit=git_commit(), argv=sys.argv, **extra)  # fmt: skip
+                   git_commit=_git_commit(), argv=sys.argv, **extra)  # fmt: skip
         if not self.enabled:
             return
         (self.out / "config.json").write_text(json.dumps(cfg, indent=2, default=str) + "\n")
@@ -56,8 +54,7 @@ class MetricsLogger:
             nums = {f"{record['split']}/{k}": v for k, v in record.items() if isinstance(v, (int, float))}
             self.wandb.log(nums, step=record.get("step"))
 
-    def progress(self, step: int, text: str) -> None:
-        """``step N/TOTAL <text> eta H:MM:SS``: one format on a terminal and in a log."""
+    def progress(self, step: int, text: str) -> None:  # step N/TOTAL <text> eta H:MM:SS, on a terminal and in a log
         if self.enabled:
             done, left = step - self.step0, self.total - step
             eta = str(datetime.timedelta(seconds=int((time.time() - self.t0) / done * left))) if done > 0 else "?"
@@ -69,9 +66,8 @@ class MetricsLogger:
 
 
 class LossWindow:
-    """The training loss since the last log line. Each rank adds its loss into its own entry of ``sums``, so that
-    one all-reduce gives every rank's sum, exactly: for the log line, or for a checkpoint taken inside the window
-    (``saved``), from which the resumed run logs what the uninterrupted one did."""
+    """The training loss since the last log line: each rank adds into its own entry of ``sums``, so one all-reduce
+    gives every rank's sum exactly, for the log or for a checkpoint inside the window (``saved``, on preemption)."""
 
     def __init__(self, info: DistInfo, saved: dict[str, Any] | None = None):
         self.rank, self.sums = info.rank, torch.zeros(info.world_size, device=info.device)
@@ -85,9 +81,9 @@ class LossWindow:
         self.n, self.t0 = 0, time.time()  # n: optimizer steps
 
 
-def git_commit() -> str | None:
-    try:
+def _git_commit() -> str | None:
+    try:  # the code's commit, where it is a git checkout
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
                               text=True).stdout.strip() or None  # fmt: skip
-    except OSError:  # no git
+    except OSError:
         return None

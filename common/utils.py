@@ -16,17 +16,14 @@ from common.distributed import all_reduce_sum
 from common.errors import UserError
 
 
-def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
-    """``--amp auto|bf16|fp16|none`` -> autocast dtype (None: full precision); auto is bf16 on GPU."""
+def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:  # --amp: auto is bf16 on GPU, none on CPU
     amp = ("bf16" if device.type == "cuda" else "none") if amp == "auto" else amp
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}[amp]
 
 
 def lr_factor(step: int, args: Any, steps_per_epoch: int) -> float:
-    """The LR of optimizer step ``step`` (from 0) as a fraction of the peak: ``--lr-schedule`` after a linear warmup
-    of ``--warmup-epochs``. cosine: down to 0 at ``--epochs``; onecycle: linear up to 25% of training, then down to 0;
-    step: x ``--lr-gamma`` every ``--lr-step-size`` epochs. Warmup and decay are in epochs, so that a recipe keeps
-    its schedule on any number of GPUs."""
+    """The LR of step ``step`` (from 0) over the peak: cosine to 0 at --epochs, onecycle (up to 25% of training, then
+    down), or x --lr-gamma every --lr-step-size epochs, after --warmup-epochs. In epochs: the same on any GPU count."""
     warmup, total = round(args.warmup_epochs * steps_per_epoch), args.epochs * steps_per_epoch
     if args.lr_schedule == "onecycle":
         peak = max(1, int(0.25 * total))

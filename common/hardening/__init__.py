@@ -1,18 +1,6 @@
-"""What makes a run survive faults and bad input, turned on by one call: ``hardening.enable(args)``.
-
-The core (``common/*.py``) trains, resumes and evaluates without any of it. ``enable`` checks the command line and
-the launch, then fills the core's seams (``common.distributed.SEAMS``):
-
-| without it | with it |
-|---|---|
-| a bad flag value, launcher variable or checkpoint: a traceback, or a hang | one ``error:`` line, exit 2 |
-| a second job on the same --output-dir: two writers of one checkpoint | refused, one line (``.lock``) |
-| a torchrun restart: the ranks may read a dead peer's address from the agent's store | a store per attempt |
-| the agent SIGKILLed: its ranks go on, or wait for --dist-timeout | they exit within a second |
-| SIGTERM (Slurm preemption): the ranks die, losing the steps since the last checkpoint | every rank stops at one step, rank 0 saves, exit 75 |
-| a hung DataLoader worker, filesystem or collective: the job waits forever | every stack dumped, exit 124 |
-| a signal to the process group kills DataLoader workers first ("worker exited unexpectedly") | workers ignore it; they die with their rank |
-"""
+"""What makes a run survive faults and bad input, turned on by one call, ``hardening.enable(args)``, which checks
+the command line and the launch and fills the core's seams (``common.distributed.SEAMS``). The core trains, resumes
+and evaluates without it; common/README.md lists what each part adds."""
 
 from __future__ import annotations
 

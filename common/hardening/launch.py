@@ -1,11 +1,5 @@
-"""Launches that fail fast and in one line, and ranks that never outlive their launcher.
-
-- ``check_launch``: the launcher's variables are numbers that make sense, and the rendezvous address resolves,
-  before any connection (else a mistake is C++ frames after --dist-timeout);
-- ``init_process_group``: what the core calls in its place: under torchrun a store private to this restart attempt,
-  a probe of a tcp:// master, and a failed rendezvous told in one line;
-- ``exit_with_launcher``: under an elastic agent or mp.spawn, a rank ends within a second of its launcher's death.
-"""
+"""Launches that fail fast, in one line (``check_launch``, ``init_process_group``: a store per torchrun restart
+attempt, a probe of a tcp:// master), and ranks that never outlive their launcher (``exit_with_launcher``)."""
 
 from __future__ import annotations
 
@@ -24,10 +18,8 @@ import torch.distributed as dist
 from common.distributed import LAUNCHERS, DistInfo
 from common.errors import UserError
 
-RDZV_HINT = (
-    "is the master (rank 0) running and reachable, and the port open? check MASTER_ADDR, firewalls, "
-    "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME; debug with NCCL_DEBUG=INFO TORCH_DISTRIBUTED_DEBUG=DETAIL"
-)
+RDZV_HINT = ("is the master (rank 0) running and reachable, and the port open? check MASTER_ADDR, firewalls, "
+             "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME; debug with NCCL_DEBUG=INFO TORCH_DISTRIBUTED_DEBUG=DETAIL")  # fmt: skip
 
 
 def check_env(env: Mapping[str, str]) -> None:

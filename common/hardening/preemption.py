@@ -1,9 +1,7 @@
-"""Preemption: SIGTERM or SIGUSR2 (Slurm's ``--signal``) on any rank stops every rank at the same step boundary; the
-script saves ``last.pt`` and the run exits 75 ("requeue me"), to continue with the same command.
-
-The ranks agree through an all-reduce of a flag on a gloo group of its own, started at one step and read at the next,
-so it never blocks the GPU stream. Before the first step there is nothing new to save: a signal then ends the rank at
-once, with the same line and exit code."""
+"""Preemption: SIGTERM or SIGUSR2 (Slurm's ``--signal``) on any rank stops every rank at the same step; the script
+saves ``last.pt`` and the run exits 75 ("requeue me"), to continue with the same command. The ranks agree through an
+all-reduce on a gloo group of its own, started at one step and read at the next: it never blocks the GPU stream.
+Before the first step there is nothing new to save: a signal then ends the rank at once, with exit 75 too."""
 
 from __future__ import annotations
 

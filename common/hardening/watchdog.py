@@ -12,9 +12,6 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from typing import TypeVar
-
-T = TypeVar("T")
 
 STALL_EXIT_CODE = 124  # as timeout(1): the command ran out of time
 # the first training step (workers starting, torch.compile, NCCL) and every evaluation's first batch get at least
@@ -49,7 +46,7 @@ class Watchdog:
     def beat(self, what: str) -> None:  # progress: from now on this rank is busy with `what`
         self.state = (time.monotonic(), what, False)
 
-    def batches(self, iterable: Iterable[T], evaluating: bool = False) -> Iterator[T]:
+    def batches(self, iterable: Iterable, evaluating: bool = False) -> Iterator:
         """Yield from ``iterable``, labelling the wait for each item and the work done with it."""
         waiting, working = (EVAL_DATA, EVAL_STEP) if evaluating else (TRAIN_DATA, TRAIN_STEP)
         if not self.started:
@@ -95,11 +92,9 @@ class Watchdog:
             with contextlib.suppress(OSError):  # nothing may keep this thread from the exit below
                 child.kill()
         # no destroy_process_group(): it may block on the very collective that stalled; peers see our sockets close
-        _write(
-            f"error: rank {self.rank} stalled: no progress for {idle:.0f}s {what} (every thread's stack is above; "
-            f"exit code {STALL_EXIT_CODE} lets torchrun --max-restarts or Slurm restart the job; a healthy phase "
-            f"this slow needs a larger --stall-timeout than {self.timeout:g}, 0 turns the watchdog off)\n"
-        )
+        _write(f"error: rank {self.rank} stalled: no progress for {idle:.0f}s {what} (every thread's stack is above; "
+               f"exit code {STALL_EXIT_CODE} lets torchrun --max-restarts or Slurm restart the job; a healthy phase "
+               f"this slow needs a larger --stall-timeout than {self.timeout:g}, 0 turns the watchdog off)\n")  # fmt: skip
         os._exit(STALL_EXIT_CODE)
 
 
