@@ -126,6 +126,6 @@ def resume(path: Path, ckpt: dict, model, optimizer, scaler, ema=None, *, world_
     if batch_size and old_micro != batch_size * world_size:
         pos.batch_in_epoch = pos.batch_in_epoch * old_micro // (batch_size * world_size)
         pos.batch_in_epoch -= pos.batch_in_epoch % accum_steps
-        print0(f"note: checkpoint of {ckpt['world_size']} process(es) x {old_micro // ckpt['world_size']} samples, "
-               f"now {world_size} x {batch_size}: the epoch goes on after the same samples, in another order")  # fmt: skip
+        old = f"{ckpt['world_size']} process(es) x {old_micro // ckpt['world_size']}"
+        print0(f"note: checkpoint of {old} samples, now {world_size} x {batch_size}: the epoch goes on after them")
     return pos

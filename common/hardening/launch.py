@@ -18,8 +18,10 @@ import torch.distributed as dist
 from common.distributed import LAUNCHERS, DistInfo
 from common.errors import UserError
 
-RDZV_HINT = ("is the master (rank 0) running and reachable, and the port open? check MASTER_ADDR, firewalls, "
-             "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME; debug with NCCL_DEBUG=INFO TORCH_DISTRIBUTED_DEBUG=DETAIL")  # fmt: skip
+RDZV_HINT = (
+    "is the master (rank 0) running and reachable, and the port open? check MASTER_ADDR, firewalls, "
+    "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME; debug with NCCL_DEBUG=INFO TORCH_DISTRIBUTED_DEBUG=DETAIL"
+)
 
 
 def check_env(env: Mapping[str, str]) -> None:

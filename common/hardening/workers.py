@@ -1,8 +1,9 @@
 """DataLoader workers that never outlive their rank and never die of the signals meant for it. They are forked from
-a fork server, never from the rank, whose threads (gloo, NCCL) may hold a lock at the fork (CPython gh-112275). The
-server starts with the stop signals blocked, as does every worker it forks, each of which ignores them from its first
-line (``guard``): torchrun, Slurm and Ctrl-C signal the whole process group, and a worker killed by the signal would
-fail its rank before it saves. A worker dies with the server (``PR_SET_PDEATHSIG``), which ends with its rank."""
+a fork server, not from the rank, whose threads (gloo, NCCL) may hold a lock at the fork (a hang in os.fork before
+Python 3.11.10). The server starts with the stop signals blocked, as does every worker it forks, each of which
+ignores them from its first line (``guard``): torchrun, Slurm and Ctrl-C signal the whole process group, and a worker
+killed by the signal would fail its rank before it saves. A worker dies with the server (``PR_SET_PDEATHSIG``), which
+ends with its rank."""
 
 from __future__ import annotations
 
