@@ -81,7 +81,7 @@ CASES = [
     ("cifar", CIFAR, ["--val-split", "-1"], {}, "argument --val-split: -1 must be 0 or more"),
     ("cifar", CIFAR, ["--warmup-epochs", "-1"], {}, "argument --warmup-epochs: -1 must be a finite number >= 0"),
     ("cifar", CIFAR, ["--download"], {}, "argument --download: not allowed with argument --synthetic"),
-    ("cifar", CIFAR, ["--arch", "resnet7"], {}, "argument -a/--arch: invalid choice: 'resnet7' (choose from 'resnet18'"),
+    ("cifar", CIFAR, ["--arch", "resnet7"], {}, "-a/--arch: invalid choice: 'resnet7' (choose from 'resnet18'"),
     ("cifar", CIFAR, ["--compile-mode", "reduce-overhead"], {}, "--compile-mode reduce-overhead needs --compile"),
     ("cifar", CIFAR, ["--compile", "--compile-mode", "fast"], {}, "--compile-mode 'fast' is unknown (choose from"),
     ("cifar", CIFAR, ["--dist-timeout", "0"], {}, "argument --dist-timeout: 0 must be a finite number above 0"),

@@ -125,8 +125,9 @@ def test_a_minimal_copy_trains_resumes_and_evaluates(tmp_path):
     layer (the copy has none)."""
     proj = minimal_copy(tmp_path / "p", "cifar_resnet", "mynet")
     data = make_jpeg_imagefolder(tmp_path / "imgs", {"train": 32, "test": 8}, classes=10)
-    cmd = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "mynet/train.py", "--data-dir",
-           str(data), "-a", "resnet20", "-b", "4", "-j", "2", "--epochs", "2", "-p", "1", "--output-dir", "out"]  # fmt: skip
+    cmd = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "mynet/train.py",
+           "--data-dir", str(data), "-a", "resnet20", "-b", "4", "-j", "2", "--epochs", "2", "-p", "1",
+           "--output-dir", "out"]  # fmt: skip
     first = run([*cmd, "--max-steps", "3"], cwd=proj).stdout
     assert "done: step 3" in first and "test: loss" in first, first
     second = run(cmd, cwd=proj).stdout

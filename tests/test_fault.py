@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import time
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 from common.hardening.checks import claim_output_dir, release_locks
 from tests.conftest import (
     PY,
+    REPO,
     assert_same_training_state,
     cifar_data,
     cifar_resume_cmd,
@@ -177,11 +179,48 @@ def test_ranks_exit_with_their_killed_agent(data, tmp_path):
     log, _ = proc.communicate(timeout=60)  # returns once every process holding its output is gone
     assert time.time() - t0 < 10, log[-3000:]
     for rank in (0, 1):
-        line = f"error: rank {rank}: its launcher (torchrun, pid {proc.pid}) is gone, so it exits too"
+        line = f"error: rank {rank}: its launcher torchrun (pid {proc.pid}) is gone, so it exits too"
         assert line in log, log[-3000:]
     assert "Traceback" not in log and "done:" not in log, log[-3000:]
     claim_output_dir(out, is_main=True)  # the output dir is free: its lock died with rank 0
     release_locks()
+
+
+def marked(marker: str) -> list[int]:
+    """The processes whose environment holds ``marker`` (NAME=VALUE): a job's launcher, ranks and workers."""
+    found = []
+    for d in os.listdir("/proc"):
+        try:
+            if d.isdigit() and marker.encode() in open(f"/proc/{d}/environ", "rb").read().split(b"\0"):
+                found.append(int(d))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.parametrize("delay", [0.3, 1.0, 2.5])
+def test_ranks_that_start_after_their_agent_died_exit_too(data, tmp_path, delay):
+    """The agent SIGKILLed 0.3, 1 or 2.5 s after its ranks appear, while they import torch, build the data or wait
+    for the rendezvous (the default --dist-timeout, 600 s): every rank and DataLoader worker is gone within 30 s,
+    whether it saw its launcher die or only found itself an orphan of init."""
+    marker = f"AGENT_KILL_TEST={tmp_path.name}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "AGENT_KILL_TEST": tmp_path.name}
+    proc = subprocess.Popen(torchrun_cmd(2, *train_cmd(data, tmp_path / "run", gpu_data=False)), cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        while not (descendants_with_rank(proc.pid, 0) and descendants_with_rank(proc.pid, 1)):
+            assert proc.poll() is None
+            time.sleep(0.02)
+        time.sleep(delay)
+        proc.kill()
+        proc.wait()
+        deadline = time.time() + 30
+        while marked(marker) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not marked(marker), "ranks outlived their agent"
+    finally:
+        for pid in marked(marker):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_a_second_job_on_a_busy_output_dir_is_refused(data, tmp_path):

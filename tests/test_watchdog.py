@@ -1,5 +1,5 @@
-"""The stall watchdog (common/hardening/watchdog.py) under real torchrun and gloo: a frozen DataLoader worker or a frozen
-rank ends the run with every thread's stack and one error line; a healthy run with slow steps never trips it."""
+"""The stall watchdog (common/hardening/watchdog.py) under real torchrun and gloo: a frozen DataLoader worker or a
+frozen rank ends the run with every thread's stack and one error line; a healthy run with slow steps never trips it."""
 
 import json
 import os
@@ -222,8 +222,9 @@ def test_healthy_run_with_slow_steps_never_fires(data, tmp_path):
 def test_main_thread_holding_the_gil_still_ends():
     """After a first step, a C call that never releases the GIL starves the watchdog thread; faulthandler's C timer
     still dumps the stacks and exits (no torch: the watchdog needs the standard library only)."""
-    code = ("import ctypes, sys, time; sys.path.insert(0, sys.argv[1]); from common.hardening.watchdog import Watchdog; "
-            "w = Watchdog(1.0); list(w.batches(range(2))); time.sleep(0.6); ctypes.PyDLL(None).sleep(60)")  # fmt: skip
+    code = ("import ctypes, sys, time; sys.path.insert(0, sys.argv[1]); from common.hardening.watchdog import Watchdog"
+            "; w = Watchdog(1.0); list(w.batches(range(2))); time.sleep(0.6); ctypes.PyDLL(None).sleep(60)"
+            )  # fmt: skip
     t0 = time.time()
     p = subprocess.run([PY, "-c", code, str(REPO)], capture_output=True, text=True, timeout=30)
     assert p.returncode == 1 and time.time() - t0 < 15, (p.returncode, p.stderr)

@@ -180,6 +180,9 @@ def exit_with_launcher(launch: DistInfo) -> None:
     if "TORCHELASTIC_RUN_ID" not in os.environ and launch.launcher != "mp.spawn":
         return
     _launcher = (launch, os.getppid())
+    if _launcher[1] == 1:  # the launcher died while this rank started: it was reparented to init already
+        _launcher = (launch, -1)
+        exit_if_launcher_gone()
 
     def watch() -> None:
         while True:
@@ -196,9 +199,10 @@ def exit_if_launcher_gone() -> None:
         return
     with _exiting:  # one line, whichever thread comes first; the other waits here for os._exit
         launch, parent = _launcher
+        gone = "was gone before it started" if parent == -1 else f"(pid {parent}) is gone"
         # straight to fd 2, and os._exit: the main thread may be blocked in C (a collective, the dead store)
-        os.write(2, f"error: rank {launch.rank}: its launcher ({launch.launcher}, pid {parent}) is gone, so it "
-                    "exits too (rerun the command to continue from the last checkpoint)\n".encode())  # fmt: skip
+        os.write(2, f"error: rank {launch.rank}: its launcher {launch.launcher} {gone}, so it exits too (rerun the "
+                    "command to continue from the last checkpoint)\n".encode())  # fmt: skip
         os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # then quiet: the main thread's errors are this same event
         threading.Timer(2.0, os._exit, (1,)).start()  # in case a finalizer below blocks
         for child in multiprocessing.active_children():  # DataLoader workers, before their semaphores go
