@@ -163,6 +163,40 @@ def test_preemption_with_dataloader_workers(data, tmp_path, launcher):
         assert re.search(rf"resumed from .*: epoch \d+, step {stopped},", rerun), rerun[-3000:]
 
 
+@pytest.mark.parametrize("moment", ["0.3 s after the ranks appear", "the start line", "the first step"])
+def test_preemption_at_any_moment_of_start_up(data, tmp_path, moment):
+    """SIGTERM to torchrun (which forwards it to its ranks) while they start: before the script's first line (the
+    interpreter importing torch), the signal's default action ends a rank, and nothing is lost; from then on, its
+    handler ends it with the stop line and exit 75: at once before training asks for its first batch ("nothing to
+    save"), else at the next step boundary, with a checkpoint. DataLoader workers start meanwhile (-j 1); no
+    traceback from a rank. The same command then runs to the end."""
+    out = tmp_path / "run"
+    cmd = train_cmd(data, out, "--epochs", "2", gpu_data=False)
+    proc = popen(torchrun_cmd(2, *cmd))
+    seen = []
+    if moment.endswith("appear"):
+        while not (descendants_with_rank(proc.pid, 0) and descendants_with_rank(proc.pid, 1)):
+            time.sleep(0.02)
+        time.sleep(0.3)
+    else:
+        want = "resnet20 on 40 images" if moment == "the start line" else "step 1/"
+        while not seen or want not in seen[-1]:
+            seen.append(proc.stdout.readline())
+            assert seen[-1], "".join(seen)[-3000:]
+    proc.send_signal(signal.SIGTERM)
+    log = "".join(seen) + proc.communicate(timeout=120)[0]
+    ranks = log.split('File "' + str(REPO / "tests/helpers/torchrun.py"))[0]  # torchrun's own SignalException
+    stops = [line for line in ranks.splitlines() if line.startswith("stopped by SIGTERM")]
+    assert "Error" not in ranks.replace("SignalException", "") and "[rank" not in ranks, ranks[-3000:]
+    assert proc.returncode == 1 and stops == [] if moment.endswith("appear") and not stops else len(stops) == 1, log
+    if stops and "checkpoint saved" in stops[0]:
+        assert (out / "last.pt").exists() and f"at step {torch.load(out / 'last.pt')['step']};" in stops[0], stops
+    else:
+        assert moment != "the first step" and stops in ([], ["stopped by SIGTERM before the first step; nothing to "
+                                                             "save, rerun the same command to continue (exit 75)"])
+    assert "done: step 10" in run(torchrun_cmd(2, *cmd), timeout=300).stdout
+
+
 # ------------------------------------------------------------------ one job per output dir, ranks never outlive it
 
 

@@ -25,7 +25,8 @@ def enable(args: argparse.Namespace, check: Callable[[argparse.Namespace], None]
         check(args)
     how = enable_launch(args, how, Path(args.output_dir))
     dog, stop = watchdog.Watchdog(args.stall_timeout, how.rank), preemption.Preemption()
-    SEAMS.batches, SEAMS.stop, SEAMS.loader = dog.batches, stop.stop, workers.loader_args
+    SEAMS.batches, SEAMS.stop = functools.partial(stop.batches, dog.batches), stop.stop
+    SEAMS.loader = workers.loader_args
     SEAMS.at_cleanup += [dog.stop, checks.release_locks, stop.at_cleanup]
 
 

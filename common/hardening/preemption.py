@@ -23,9 +23,9 @@ class Preemption:
     def __init__(self) -> None:
         self.flag, self.work, self.group = torch.zeros(1, dtype=torch.int32), None, None
         self.received: str | None = None  # the signal this rank got
-        self.stepping = False  # True from the first step on: a signal then waits for the step boundary
+        self.stepping = False  # True once training asks for batches: a signal then waits for a step boundary
         self.stopped = False  # True once the ranks agreed to stop
-        self.step = 0  # the step of the last check
+        self.step: int | None = None  # the step of the last check; None: no step done by this process
         for name in SIGNALS:
             signal.signal(getattr(signal, name), self._handler)
 
@@ -35,10 +35,16 @@ class Preemption:
             self.stopped = True
             raise SystemExit(PREEMPTED)
 
+    def batches(self, inner: Any, items: Any, evaluating: bool) -> Any:
+        """The core's ``watched()``, through ``inner`` (the watchdog's): training batches asked for mark the end of
+        the start-up."""
+        self.stepping = self.stepping or not evaluating
+        return inner(items, evaluating)
+
     def stop(self, step: int) -> bool:
         """The core's ``stop_requested(step)``: once per optimizer step on every rank; True once any rank got a
         signal (a step later: the all-reduce started at one step is read at the next)."""
-        self.stepping, self.step = True, step
+        self.step = step
         if not dist.is_initialized():
             self.stopped = self.received is not None
             return self.stopped
@@ -54,14 +60,17 @@ class Preemption:
     def at_cleanup(self) -> None:
         """After the last checkpoint: say how to continue and exit 75. ``$PREEMPTED_MARKER``, if set, names a file
         to create, for a job script that sees torchrun's exit status rather than the ranks' (scripts/slurm)."""
-        if self.work is not None:
+        if self.work is not None and sys.exc_info()[0] is None:  # the last check's all-reduce, unless a peer failed
             self.work.wait()
-            self.work = None
-        if not self.stopped:
+        # a rank that got the signal before any step: its peers that had started training failed their next
+        # collective when it left, and no step was done since the start, so that failure is this same stop
+        if not (self.stopped or (self.received and self.step is None)):
             return
         if os.environ.get("PREEMPTED_MARKER") and (not dist.is_initialized() or dist.get_rank() == 0):
             open(os.environ["PREEMPTED_MARKER"], "a").close()
-        when = f"at step {self.step}; checkpoint saved" if self.stepping else "before the first step; nothing to save"
+        when = (
+            "before the first step; nothing to save" if self.step is None else f"at step {self.step}; checkpoint saved"
+        )
         print0(f"stopped by {self.received or 'a signal on another rank'} {when}, rerun the same command to continue "
                f"(exit {PREEMPTED})")  # fmt: skip
         sys.exit(PREEMPTED)
