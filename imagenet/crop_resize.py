@@ -123,9 +123,7 @@ def crop_resize(images: list[torch.Tensor], geometry: list[tuple], out: torch.Te
     src = torch.cat([img.reshape(-1) for img in images])  # one flat buffer
     rows = [(o, img.shape[1], img.shape[2], *g[:8], int(g[8]), taps(g[2], g[4]), taps(g[3], g[5]))
             for o, img, g in zip(offsets, images, geometry)]  # fmt: skip
-    meta = torch.tensor(rows, dtype=torch.int64)
-    if src.is_cuda:
-        meta = meta.pin_memory().to(src.device, non_blocking=True)
+    meta = torch.tensor(rows, dtype=torch.int64, pin_memory=src.is_cuda).to(src.device, non_blocking=True)
     block = BLOCK if src.is_cuda else triton.next_power_of_2(size * size)  # the interpreter: fewer, wider programs
     grid = (n, triton.cdiv(size * size, block))
     args = (src, meta, out, size, *out.stride(), *scale, *shift)

@@ -167,7 +167,9 @@ class GpuTransform:
                  channels_last: bool = True):  # fmt: skip
         if resize_size is not None and resize_size < crop_size:
             raise ValueError(f"resize_size {resize_size} < crop_size {crop_size} (T.CenterCrop would pad)")
-        self.device, self.size, self.resize_size, self.counts = torch.device(device), crop_size, resize_size, Counter()
+        device = torch.device(device)  # "cuda": this thread's GPU, which the decoding thread must be told
+        self.device = torch.device("cuda", torch.cuda.current_device()) if device == torch.device("cuda") else device
+        self.size, self.resize_size, self.counts = crop_size, resize_size, Counter()
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         # (x / 255 - mean) / std == x * scale + shift, done by crop_resize's kernel
         self.scale, self.shift = [1 / (255 * s) for s in STD], [-m / s for m, s in zip(MEAN, STD)]
@@ -227,12 +229,11 @@ class Prefetched:
 
 
 def _produce(it: Iterator[EncodedBatch], transform: GpuTransform, q: queue.Queue, stop: threading.Event) -> None:
-    cuda = transform.device.type == "cuda"
-    if cuda:  # a new thread's device is cuda:0: without this, every rank would create a context on GPU 0
-        torch.cuda.set_device(transform.device)
-    side = torch.cuda.Stream(transform.device) if cuda else None
-    reading: deque = deque()  # (event, batch): file bytes the GPU may still be reading
+    cuda, reading = transform.device.type == "cuda", deque()  # reading: (event, batch) the GPU may still be reading
     try:
+        if cuda:  # a new thread's device is cuda:0: without this, every rank would create a context on GPU 0
+            torch.cuda.set_device(transform.device)
+        side = torch.cuda.Stream(transform.device) if cuda else None
         with torch.cuda.stream(side):
             for b in it:
                 x, y, bad = transform(b)

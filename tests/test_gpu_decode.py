@@ -218,6 +218,31 @@ def test_prefetch(samples):
     assert not any(t.name == "gpu-decode" for t in threading.enumerate())
 
 
+def test_a_failed_start_of_the_decoding_thread_reaches_the_consumer(samples, monkeypatch):
+    """The decoding thread cannot take its device (here: set_device fails): the error is raised where the batches are
+    asked for, instead of a wait for batches that never come."""
+    tf = GpuTransform("cpu", 16)
+    tf.device = torch.device("cuda", 0)
+
+    def no_device(device):
+        raise RuntimeError(f"cannot use {device}")
+
+    monkeypatch.setattr(torch.cuda, "set_device", no_device)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: None)
+    errors = []
+
+    def consume():
+        try:
+            list(Prefetched([batch_of(EncodedImages(samples), range(len(samples)))], tf))
+        except RuntimeError as e:
+            errors.append(str(e))
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    consumer.join(60)
+    assert errors == ["cannot use cuda:0"]
+
+
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
