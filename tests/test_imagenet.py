@@ -179,8 +179,9 @@ def test_sigterm_to_the_spawning_parent_checkpoints_and_exits_75(tmp_path):
     cmd += ["--multiprocessing-distributed", "--nproc-per-node", "2"]
     pipe = subprocess.PIPE
     p = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **ENV}, stdout=pipe, stderr=pipe, text=True)
-    for line in p.stdout:  # wait until the workers train (their StopSignal is installed by then)
-        if line.startswith("step 1/"):
+    # wait until every rank is past its first step: before it a signal ends a rank at once, with nothing to save
+    for line in p.stdout:
+        if line.startswith("step 2/"):
             break
     p.send_signal(signal.SIGTERM)
     rest, err = p.communicate(timeout=120)
