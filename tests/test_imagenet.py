@@ -152,6 +152,9 @@ def test_dummy_data_modern_recipe_resumes_bit_identical(tmp_path, monkeypatch):
     (va,) = records(one, "val")
     assert va["count"] == 11 and {"acc1", "loss", "raw_acc1", "raw_loss", "raw_acc5"} <= va.keys()
     assert va["loss"] != va["raw_loss"]  # two models evaluated: the average and the weights
+    torch.save({**{k: v for k, v in a.items() if k != "ema"}, "model": a["ema"]}, tmp_path / "ema.pt")
+    in_process(monkeypatch, *args, "-e", "--resume", tmp_path / "ema.pt", "--output-dir", tmp_path / "e")
+    assert records(tmp_path / "e", "val")[0]["loss"] == va["loss"]  # the EMA's weights alone: acc1's, loss's model
 
 
 def test_resume_with_another_global_batch_keeps_the_epoch_position_and_rescales_lr(tmp_path, monkeypatch, capsys):
