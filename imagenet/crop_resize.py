@@ -6,6 +6,7 @@ The arithmetic is torch's ``F.interpolate(mode="bilinear", antialias=True)``; fl
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import threading
@@ -20,8 +21,7 @@ try:
 except ImportError:  # torch's CPU-only builds come without Triton; they resize with torch (see crop_resize)
     triton = None
 
-FIELDS = ("offset", "height", "width", "top", "left", "box_h", "box_w", "out_h", "out_w", "out_top", "out_left",
-          "flip", "taps_y", "taps_x")  # fmt: skip
+NFIELDS = 14  # a row per image: offset, height, width, top, left, box h/w, out h/w, out top/left, flip, taps y/x
 BLOCK = 256  # output pixels per program
 _interpreter_lock = threading.Lock()
 
@@ -51,11 +51,8 @@ def _kernel(src, meta, out, size, stride_n, stride_c, stride_h, stride_w, scale0
     x_end = tl.minimum((center_x + support_x + 0.5).to(tl.int32), box_w.to(tl.int32))
 
     plane = height * width
-    acc0 = tl.full((BLOCK,), 0.0, tl.float32)
-    acc1 = tl.full((BLOCK,), 0.0, tl.float32)
-    acc2 = tl.full((BLOCK,), 0.0, tl.float32)
-    sum_y = tl.full((BLOCK,), 0.0, tl.float32)
-    sum_x = tl.full((BLOCK,), 0.0, tl.float32)
+    zero = tl.full((BLOCK,), 0.0, tl.float32)
+    acc0, acc1, acc2, sum_y, sum_x = zero, zero, zero, zero, zero
     # taps_*: the widest window, from the host; narrower ones are masked (while: the interpreter needs it)
     tx = taps_x * 0
     while tx < taps_x:  # the weights of a row, the same for each of its taps_y rows
@@ -69,9 +66,7 @@ def _kernel(src, meta, out, size, stride_n, stride_c, stride_h, stride_w, scale0
         w_y = tl.where(in_y, tl.maximum(1.0 - tl.abs((y.to(tl.float32) - center_y + 0.5) * inv_y), 0.0), 0.0)
         sum_y += w_y
         line = src + offset + (top + y).to(tl.int64) * width + left
-        r0 = tl.full((BLOCK,), 0.0, tl.float32)
-        r1 = tl.full((BLOCK,), 0.0, tl.float32)
-        r2 = tl.full((BLOCK,), 0.0, tl.float32)
+        r0, r1, r2 = zero, zero, zero
         tx = taps_x * 0
         while tx < taps_x:
             x = x_min + tx
@@ -95,12 +90,10 @@ def _kernel(src, meta, out, size, stride_n, stride_c, stride_h, stride_w, scale0
 
 
 @functools.cache
-def _compiled(interpret: bool):
-    if interpret:
-        from triton.runtime.interpreter import InterpretedFunction
+def _compiled(interpret: bool):  # the interpreter runs the kernel on the CPU (tests)
+    from triton.runtime.interpreter import InterpretedFunction
 
-        return InterpretedFunction(_kernel)
-    return triton.jit(_kernel)
+    return InterpretedFunction(_kernel) if interpret else triton.jit(_kernel)
 
 
 def taps(box: int, out: int) -> int:
@@ -108,14 +101,8 @@ def taps(box: int, out: int) -> int:
     return int(2 * max(box / out, 1.0)) + 2
 
 
-def crop_resize(
-    images: list[torch.Tensor],
-    geometry: list[tuple[int, int, int, int, int, int, int, int, bool]],
-    out: torch.Tensor,
-    scale: list[float],
-    shift: list[float],
-    kernel: bool | None = None,
-) -> torch.Tensor:
+def crop_resize(images: list[torch.Tensor], geometry: list[tuple], out: torch.Tensor, scale: list[float],
+                shift: list[float], kernel: bool | None = None) -> torch.Tensor:  # fmt: skip
     """Fill ``out`` (n, 3, S, S) float32 from ``images`` ((3, H, W) uint8 each). ``geometry[k] = (top, left, box_h,
     box_w, out_h, out_w, out_top, out_left, flip)``: the box is resized to (out_h, out_w), the S x S window at
     (out_top, out_left) kept, flipped if asked, then ``x * scale[c] + shift[c]``. ``kernel``: Triton (default on a
@@ -124,7 +111,9 @@ def crop_resize(
     if not (images[0].is_cuda if kernel is None else kernel):
         shift_t, scale_t = torch.tensor(shift).view(3, 1, 1), torch.tensor(scale).view(3, 1, 1)
         for img, (top, left, h, w, oh, ow, otop, oleft, flip), row in zip(images, geometry, out):
-            x = _resize_aa(img[None, :, top : top + h, left : left + w].float(), (oh, ow))[0]
+            # F.interpolate(mode="bilinear", antialias=True) minus its Python checks
+            x = torch.ops.aten._upsample_bilinear2d_aa(img[None, :, top : top + h, left : left + w].float(), (oh, ow),
+                                                       False)[0]  # fmt: skip
             x = x[:, otop : otop + size, oleft : oleft + size]
             row.copy_((x.flip(-1) if flip else x) * scale_t + shift_t)
         return out
@@ -134,20 +123,10 @@ def crop_resize(
     src = torch.cat([img.reshape(-1) for img in images])  # one flat buffer
     rows = [(o, img.shape[1], img.shape[2], *g[:8], int(g[8]), taps(g[2], g[4]), taps(g[3], g[5]))
             for o, img, g in zip(offsets, images, geometry)]  # fmt: skip
-    meta = torch.tensor(rows, dtype=torch.int64)
-    if src.is_cuda:
-        meta = meta.pin_memory().to(src.device, non_blocking=True)
+    meta = torch.tensor(rows, dtype=torch.int64, pin_memory=src.is_cuda).to(src.device, non_blocking=True)
     block = BLOCK if src.is_cuda else triton.next_power_of_2(size * size)  # the interpreter: fewer, wider programs
     grid = (n, triton.cdiv(size * size, block))
     args = (src, meta, out, size, *out.stride(), *scale, *shift)
-    if src.is_cuda:
-        _compiled(False)[grid](*args, NFIELDS=len(FIELDS), BLOCK=block, num_warps=4)
-    else:
-        with _interpreter_lock:
-            _compiled(True)[grid](*args, NFIELDS=len(FIELDS), BLOCK=block)
+    with contextlib.nullcontext() if src.is_cuda else _interpreter_lock:
+        _compiled(not src.is_cuda)[grid](*args, NFIELDS=NFIELDS, BLOCK=block, num_warps=4)
     return out
-
-
-def _resize_aa(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    # F.interpolate(mode="bilinear", antialias=True) minus its Python checks
-    return torch.ops.aten._upsample_bilinear2d_aa(x, size, False)

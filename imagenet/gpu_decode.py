@@ -1,16 +1,16 @@
 """``--gpu-decode``: DataLoader workers only read files and draw each sample's crop; decoding (one batched
 ``torchvision.io.decode_jpeg`` per batch, nvJPEG), crop, resize, flip and normalize run on the device, a batch ahead
-of the training step, on side streams (``prefetch``). Files no GPU decoder takes are decoded on the CPU. Sample
+of the training step, on a side stream (``Prefetched``). Files no GPU decoder takes are decoded on the CPU. Sample
 ``(epoch, i)`` draws its box and flip exactly as the Pillow path does; only the resize kernel differs.
 
     loader = DataLoader(EncodedImages(ds.samples, seed), batch_size, sampler=..., collate_fn=collate_encoded)
-    for x, y, bad in prefetch(loader, GpuTransform(device, crop_size=224)):  # bad: "PATH (why)" left out
+    for x, y, bad in Prefetched(loader, GpuTransform(device, crop_size=224)):  # bad: "PATH (why)" left out
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
-import itertools
 import math
 import queue
 import re
@@ -23,45 +23,32 @@ from typing import NamedTuple
 
 import PIL.Image
 import torch
-import torchvision
-from torch.profiler import record_function
+from crop_resize import crop_resize
+from imagenet_data import MEAN, STD
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
 from common.distributed import mix_seed
 
-from .crop_resize import crop_resize
-from .data import MEAN, STD
-
 Box = tuple[int, int, int, int, bool]  # top, left, height, width, flip
-Batch = tuple[torch.Tensor | None, torch.Tensor | None, list[str]]  # x, y, bad: as imagenet/train.py's collate
+Batch = tuple[torch.Tensor | None, torch.Tensor | None, list[str]]  # x, y, bad: as imagenet_data.collate's
 RGB = ImageReadMode.RGB  # grayscale and CMYK files come out as 3 channels, as with Pillow's convert("RGB")
-# torchvision 0.29 deprecates its image codecs in favour of TorchCodec; they still work
-warnings.filterwarnings("ignore", "The image decoding and encoding capabilities of TorchVision", DeprecationWarning)
 
 
-def random_resized_crop_box(
-    height: int, width: int, g: torch.Generator, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)
-) -> tuple[int, int, int, int]:
+def random_resized_crop_box(height: int, width: int, g: torch.Generator, scale=(0.08, 1.0),
+                            ratio=(3 / 4, 4 / 3)) -> tuple[int, int, int, int]:  # fmt: skip
     """``T.RandomResizedCrop.get_params`` drawing from ``g``: the same torch calls in the same order, so the same
     generator state gives the same box."""
-    area = height * width
     log_ratio = torch.log(torch.tensor(ratio))
     for _ in range(10):
-        target_area = area * torch.empty(1).uniform_(scale[0], scale[1], generator=g).item()
+        target_area = height * width * torch.empty(1).uniform_(scale[0], scale[1], generator=g).item()
         aspect_ratio = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1], generator=g)).item()
-        w = int(round(math.sqrt(target_area * aspect_ratio)))
-        h = int(round(math.sqrt(target_area / aspect_ratio)))
+        w, h = round(math.sqrt(target_area * aspect_ratio)), round(math.sqrt(target_area / aspect_ratio))
         if 0 < w <= width and 0 < h <= height:
             top = int(torch.randint(0, height - h + 1, size=(1,), generator=g).item())
             left = int(torch.randint(0, width - w + 1, size=(1,), generator=g).item())
             return top, left, h, w
-    in_ratio = width / height  # ten misses: the centre crop, clamped to the ratio range
-    if in_ratio < min(ratio):
-        w, h = width, int(round(width / min(ratio)))
-    elif in_ratio > max(ratio):
-        w, h = int(round(height * max(ratio))), height
-    else:
-        w, h = width, height
+    # ten misses: the centre crop, clamped to the ratio range
+    w, h = min(width, round(height * max(ratio))), min(height, round(width / min(ratio)))
     return (height - h) // 2, (width - w) // 2, h, w
 
 
@@ -89,25 +76,23 @@ class EncodedImages(torch.utils.data.Dataset):
         epoch, i = key if isinstance(key, tuple) else (None, key)
         path, label = self.samples[i]
         try:
-            data = torchvision.io.read_file(path)
+            with open(path, "rb") as f:
+                data = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
             with PIL.Image.open(io.BytesIO(data.numpy())) as im:
                 (width, height), jpeg = im.size, im.format == "JPEG" and im.mode in ("RGB", "L")
                 progressive = bool(im.info.get("progressive"))
         except (OSError, RuntimeError) as e:  # missing, unreadable, or not an image PIL can identify
             why = "not an image PIL can identify" if isinstance(e, PIL.UnidentifiedImageError) else str(e)
             return Encoded(path, label, None, None, "cpu", f"{path} ({why.splitlines()[0][:120]})")
-        route = ("cuda" if progressive else "hw") if jpeg and _has_end_marker(data) else "cpu"
+        # EOI (FF D9) in the last KB: entropy-coded data never holds it, so a file cut short goes to the CPU
+        end_marker = data[-1024:].numpy().tobytes().rfind(b"\xff\xd9") >= 0
+        route = ("cuda" if progressive else "hw") if jpeg and end_marker else "cpu"
         if epoch is None:
             return Encoded(path, label, data, None, route, None)
         g = torch.Generator().manual_seed(mix_seed(self.seed, epoch, i))
         box = random_resized_crop_box(height, width, g, self.scale, self.ratio)
         flip = torch.rand(1, generator=g).item() < 0.5  # RandomHorizontalFlip's draw, right after the crop's
         return Encoded(path, label, data, (*box, flip), route, None)
-
-
-def _has_end_marker(data: torch.Tensor) -> bool:
-    # EOI (FF D9) in the last KB: entropy-coded data never holds it, so a file cut short fails this
-    return data[-1024:].numpy().tobytes().rfind(b"\xff\xd9") >= 0
 
 
 @dataclass
@@ -124,52 +109,40 @@ class EncodedBatch:
         return list(self.data.split(self.sizes))  # views, no copies
 
     def pin_memory(self) -> EncodedBatch:
-        # called by DataLoader(pin_memory=True): pinned bytes reach the GPU by a DMA queued on a stream, not a
-        # host-blocking copy; ``prefetch`` keeps the batch alive until the GPU has read it
+        # DataLoader(pin_memory=True): the bytes reach the GPU by a DMA on a stream (Prefetched keeps them alive)
         self.data, self.labels = self.data.pin_memory(), self.labels.pin_memory()
         return self
 
 
 def collate_encoded(samples: list[Encoded]) -> EncodedBatch:
     good = [s for s in samples if s.data is not None]
-    return EncodedBatch(
-        data=torch.cat([s.data for s in good]) if good else torch.empty(0, dtype=torch.uint8),
-        sizes=[len(s.data) for s in good],
-        labels=torch.tensor([s.label for s in good], dtype=torch.int64),
-        paths=[s.path for s in good],
-        routes=[s.route for s in good],
-        boxes=[s.box for s in good],
-        bad=[s.error for s in samples if s.error is not None],
-    )
+    data = torch.cat([s.data for s in good]) if good else torch.empty(0, dtype=torch.uint8)
+    return EncodedBatch(data, [len(s.data) for s in good], torch.tensor([s.label for s in good], dtype=torch.int64),
+                        [s.path for s in good], [s.route for s in good], [s.box for s in good],
+                        [s.error for s in samples if s.error is not None])  # fmt: skip
 
 
-def _why(e: Exception) -> str:
-    # "decode_jpeg, /path/to/decode_jpeg.cpp:171, Image is incomplete or truncated" -> its last part, first sentence
-    return re.sub(r"^\w+, \S+:\d+, ", "", str(e).splitlines()[0]).split(". ")[0][:120]
-
-
-def decode(
-    batch: EncodedBatch,
-    device: torch.device | str,
-    counts: Counter | None = None,
-) -> tuple[list[torch.Tensor], list[int], list[str]]:
-    """Decode to (3, H, W) uint8 images on ``device``: (images, their indices in the batch, bad). One batched
-    ``decode_jpeg`` call (one by one if the batch fails), then the CPU's ``decode_image`` for the rest."""
+def decode(batch: EncodedBatch, device: torch.device | str, counts: Counter) -> tuple[list, list[int], list[str]]:
+    """Decode to (3, H, W) uint8 images on ``device``: (images, their indices in the batch, bad); ``counts``: images
+    each decoder took. One batched ``decode_jpeg`` call (one by one if the batch fails), then the CPU's
+    ``decode_image`` for the rest."""
     files, device, bad = batch.files(), torch.device(device), list(batch.bad)
-    counts = Counter() if counts is None else counts
     images: dict[int, torch.Tensor] = {}
-    if batched := [k for k, r in enumerate(batch.routes) if r != "cpu"]:
-        try:
-            images.update(zip(batched, decode_jpeg([files[k] for k in batched], device=device, mode=RGB)))
-            counts["cuda" if device.type == "cuda" else "cpu"] += len(batched)
-        except RuntimeError:
-            pass
-    for k in (k for k in range(len(files)) if k not in images):
-        try:
-            images[k], where = _decode_one(files[k], device, batch.routes[k] != "cpu")
-            counts[where] += 1
-        except RuntimeError as e:
-            bad.append(f"{batch.paths[k]} ({_why(e)})")
+    with warnings.catch_warnings():  # torchvision 0.29 deprecates its codecs for TorchCodec's; they still work
+        warnings.filterwarnings("ignore", "The image decoding and encoding capabilities", DeprecationWarning)
+        if batched := [k for k, r in enumerate(batch.routes) if r != "cpu"]:
+            try:
+                images.update(zip(batched, decode_jpeg([files[k] for k in batched], device=device, mode=RGB)))
+                counts["cuda" if device.type == "cuda" else "cpu"] += len(batched)
+            except RuntimeError:
+                pass
+        for k in (k for k in range(len(files)) if k not in images):
+            try:
+                images[k], where = _decode_one(files[k], device, batch.routes[k] != "cpu")
+                counts[where] += 1
+            except RuntimeError as e:  # "decode_jpeg, /p/x.cpp:171, Image is incomplete": its last part
+                why = re.sub(r"^\w+, \S+:\d+, ", "", str(e).splitlines()[0]).split(". ")[0][:120]
+                bad.append(f"{batch.paths[k]} ({why})")
     keep = sorted(images)
     return [images[k] for k in keep], keep, bad
 
@@ -190,43 +163,31 @@ class GpuTransform:
     Training (``resize_size=None``) crops each box and resizes it to crop_size², flipped where drawn; evaluation
     resizes the shorter side to ``resize_size`` and keeps the centre. ``counts``: images each decoder took."""
 
-    def __init__(
-        self,
-        device: torch.device | str,
-        crop_size: int,
-        resize_size: int | None = None,
-        channels_last: bool = True,
-        mean: Sequence[float] = MEAN,
-        std: Sequence[float] = STD,
-    ):
+    def __init__(self, device: torch.device | str, crop_size: int, resize_size: int | None = None,
+                 channels_last: bool = True):  # fmt: skip
         if resize_size is not None and resize_size < crop_size:
             raise ValueError(f"resize_size {resize_size} < crop_size {crop_size} (T.CenterCrop would pad)")
-        self.device, self.size, self.resize_size = torch.device(device), crop_size, resize_size
-        self.counts, self.lock, self.threads = Counter(), threading.Lock(), 1
+        device = torch.device(device)  # "cuda": this thread's GPU, which the decoding thread must be told
+        self.device = torch.device("cuda", torch.cuda.current_device()) if device == torch.device("cuda") else device
+        self.size, self.resize_size, self.counts = crop_size, resize_size, Counter()
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         # (x / 255 - mean) / std == x * scale + shift, done by crop_resize's kernel
-        self.scale, self.shift = [1 / (255 * s) for s in std], [-m / s for m, s in zip(mean, std)]
+        self.scale, self.shift = [1 / (255 * s) for s in STD], [-m / s for m, s in zip(MEAN, STD)]
 
-    def __call__(self, batch: EncodedBatch, slot: int = 0) -> Batch:
-        train, counts = self.resize_size is None, Counter()
+    def __call__(self, batch: EncodedBatch) -> Batch:
+        train = self.resize_size is None
         if train and None in batch.boxes:
             raise ValueError("a training GpuTransform needs boxes: index EncodedImages with (epoch, i) keys")
-        with record_function("gpu_decode.decode"):  # named spans for torch.profiler, free without it
-            images, keep, bad = decode(batch, self.device, counts)
-        with self.lock:
-            self.counts.update(counts)
+        images, keep, bad = decode(batch, self.device, self.counts)
         if not images:
             return None, None, bad
-        geometry = [self._train_geometry(*batch.boxes[k]) if train else self._eval_geometry(*img.shape[1:])
-                    for img, k in zip(images, keep)]  # fmt: skip
+        # training: the box, resized to size x size; evaluation: see _eval_geometry
+        geometry = [(*batch.boxes[k][:4], self.size, self.size, 0, 0, batch.boxes[k][4]) if train
+                    else self._eval_geometry(*img.shape[1:]) for img, k in zip(images, keep)]  # fmt: skip
         out = torch.empty((len(images), 3, self.size, self.size), device=self.device, memory_format=self.memory_format)
-        with record_function("gpu_decode.crop_resize"):
-            crop_resize(images, geometry, out, self.scale, self.shift)
+        crop_resize(images, geometry, out, self.scale, self.shift)
         labels = batch.labels if len(keep) == len(batch.labels) else batch.labels[keep]
         return out, labels.to(self.device, non_blocking=True), bad
-
-    def _train_geometry(self, top: int, left: int, h: int, w: int, flip: bool) -> tuple:
-        return top, left, h, w, self.size, self.size, 0, 0, flip  # the box, resized to size x size
 
     def _eval_geometry(self, h: int, w: int) -> tuple:  # known on the host without a sync, also for GPU images
         r = self.resize_size
@@ -235,85 +196,66 @@ class GpuTransform:
         return 0, 0, h, w, nh, nw, top, left, False  # the whole image, resized to nh x nw; the centre kept
 
 
-def prefetch(
-    batches: Iterable[EncodedBatch],
-    transform: GpuTransform,
-    ahead: int = 2,
-    threads: int | None = None,
-    priority: int = 0,
-) -> Iterator[Batch]:
-    """``transform(b) for b in batches``, in order, up to ``ahead`` batches early, by ``threads`` threads: decoding
-    blocks its thread until the queued training kernels ran, so the training loop must not call it. Each thread
-    works on its own side stream; the consumer's stream waits for each batch's event, and a batch's pinned bytes
-    stay referenced until the GPU has read them (the pinned-memory cache would hand them on at once)."""
-    it, lock, stop = iter(batches), threading.Lock(), threading.Event()
-    q: queue.Queue = queue.Queue(maxsize=ahead)
-    cuda = transform.device.type == "cuda"
-    main = torch.cuda.current_stream(transform.device) if cuda else None
-    seq, end = itertools.count(), [None]  # batch numbers, drawn under the lock with the batch; the last + 1
+class Prefetched:
+    """A loader of ``EncodedBatch``es as one of ``(x, y, bad)``: each pass yields ``transform(b) for b in loader``, in
+    order, up to ``ahead`` batches early, made by a thread of its own: decoding blocks its thread until the queued
+    training kernels ran, so the training loop must not call it. The thread works on a side stream; the consumer's
+    stream waits for each batch's event, and a batch's pinned bytes stay referenced until the GPU has read them (the
+    pinned-memory cache would hand them on at once)."""
 
-    def put(item: object) -> None:
-        while not stop.is_set():
-            try:
-                return q.put(item, timeout=0.1)
-            except queue.Full:
-                pass
+    def __init__(self, loader: Iterable[EncodedBatch], transform: GpuTransform, ahead: int = 2):
+        self.loader, self.transform, self.ahead = loader, transform, ahead
 
-    def produce(slot: int) -> None:
+    def __iter__(self) -> Iterator[Batch]:
+        q, stop, device = queue.Queue(maxsize=self.ahead), threading.Event(), self.transform.device
+        main = torch.cuda.current_stream(device) if device.type == "cuda" else None
+        thread = threading.Thread(target=_produce, args=(iter(self.loader), self.transform, q, stop), name="gpu-decode",
+                                  daemon=True)  # fmt: skip
+        thread.start()
+        try:
+            while (item := q.get())[0] == "batch":
+                _, x, y, bad, done = item
+                if done is not None:
+                    main.wait_event(done)  # the consumer's next kernels wait for this batch, nothing earlier does
+                    for t in (x, y):
+                        if t is not None:
+                            t.record_stream(main)  # made on a side stream: the allocator must not reuse it early
+                yield x, y, bad
+            if item[0] == "error":
+                raise item[1]
+        finally:  # also when the consumer stops early: let the thread finish its batch and leave the loader alone
+            stop.set()
+            thread.join()
+
+
+def _produce(it: Iterator[EncodedBatch], transform: GpuTransform, q: queue.Queue, stop: threading.Event) -> None:
+    cuda, reading = transform.device.type == "cuda", deque()  # reading: (event, batch) the GPU may still be reading
+    try:
         if cuda:  # a new thread's device is cuda:0: without this, every rank would create a context on GPU 0
             torch.cuda.set_device(transform.device)
-        side = torch.cuda.Stream(transform.device, priority=priority) if cuda else None
-        reading: deque = deque()  # (event, batch): file bytes the GPU may still be reading
-        try:
-            with torch.cuda.stream(side):
-                while not stop.is_set():
-                    with lock:
-                        n = next(seq)
-                        b = next(it, None) if end[0] is None else None
-                        if b is None:
-                            end[0] = n if end[0] is None else end[0]
-                            break
-                    x, y, bad = transform(b, slot)
-                    done = torch.cuda.Event() if cuda else None
-                    if done is not None:
-                        done.record(side)
-                        reading.append((done, b))
-                        while reading and reading[0][0].query():
-                            reading.popleft()
-                    put((n, x, y, bad, done))
-            put(("end", None, None, None, None))
-        except BaseException as e:  # re-raised in the consumer, with its traceback
-            put(("error", e, None, None, None))
-        finally:
-            if reading:
-                reading[-1][0].synchronize()  # the stream's last event: every earlier one has completed too
+        side = torch.cuda.Stream(transform.device) if cuda else None
+        with torch.cuda.stream(side):
+            for b in it:
+                x, y, bad = transform(b)
+                done = torch.cuda.Event() if cuda else None
+                if done is not None:
+                    done.record(side)
+                    reading.append((done, b))
+                    while reading and reading[0][0].query():
+                        reading.popleft()
+                if not _put(q, stop, ("batch", x, y, bad, done)):
+                    return
+        _put(q, stop, ("end",))
+    except BaseException as e:  # re-raised in the consumer, with its traceback
+        _put(q, stop, ("error", e))
+    finally:
+        if reading:
+            reading[-1][0].synchronize()  # the stream's last event: every earlier one has completed too
 
-    threads = threads or transform.threads
-    pool = [threading.Thread(target=produce, args=(i,), name="gpu-decode", daemon=True) for i in range(threads)]
-    for t in pool:
-        t.start()
-    try:
-        pending, ended, k = {}, 0, 0
-        while True:
-            while k not in pending and not (end[0] is not None and k >= end[0] and ended == threads):
-                n, x, y, bad, done = q.get()
-                if n == "error":
-                    raise x
-                if n == "end":
-                    ended += 1
-                else:
-                    pending[n] = (x, y, bad, done)
-            if k not in pending:
-                return
-            x, y, bad, done = pending.pop(k)
-            k += 1
-            if done is not None and main is not None:
-                main.wait_event(done)  # the consumer's next kernels wait for this batch, nothing earlier does
-                for t in (x, y):
-                    if t is not None:
-                        t.record_stream(main)  # made on a side stream: the allocator must not reuse it early
-            yield x, y, bad
-    finally:  # also when the consumer stops early: let the threads finish their batch and leave the loader alone
-        stop.set()
-        for t in pool:
-            t.join()
+
+def _put(q: queue.Queue, stop: threading.Event, item: tuple) -> bool:  # False: the consumer is gone
+    while not stop.is_set():
+        with contextlib.suppress(queue.Full):
+            q.put(item, timeout=0.1)
+            return True
+    return False

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -19,24 +20,22 @@ import pytest
 import torch
 import torchvision
 import torchvision.transforms as T
-from PIL import Image
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from common.data import ResumableDistributedSampler, SeededDataset
-from imagenet.crop_resize import crop_resize
-from imagenet.gpu_decode import (
+from crop_resize import crop_resize  # tests/conftest.py puts the scripts' folders on sys.path
+from gpu_decode import (
     MEAN,
     STD,
     EncodedImages,
     GpuTransform,
+    Prefetched,
     collate_encoded,
     decode,
-    prefetch,
     random_resized_crop_box,
 )
+from PIL import Image
 
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")  # torchvision 0.29
+from common.data import ResumableDistributedSampler, SeededDataset
+
+REPO = Path(__file__).resolve().parent.parent
 LEVEL = 1 / (255 * min(STD))  # one uint8 level, in normalized units
 NORMALIZE = [T.PILToTensor(), T.ConvertImageDtype(torch.float), T.Normalize(MEAN, STD)]  # as imagenet/train.py
 
@@ -193,29 +192,55 @@ def test_encoded_batch_layout(samples):
     assert batch.boxes == [ds[(0, i)].box for i in range(4)]
 
 
-@pytest.mark.parametrize("threads", [1, 3])
-def test_prefetch(samples, threads):
-    """The same batches as calling the transform, in order, also from several threads that finish out of order;
-    errors reach the consumer; stopping early ends the threads."""
+def test_prefetch(samples):
+    """The same batches as calling the transform, in order, also when one takes longer; errors reach the consumer;
+    stopping early ends the thread. Each pass over a Prefetched loader is a new pass over the loader."""
     ds, tf = EncodedImages(samples, seed=0), GpuTransform("cpu", 16)
     batches = [batch_of(ds, [(e, i) for i in range(len(samples))]) for e in range(7)]
 
-    class Uneven(GpuTransform):  # batch 0 comes out last
-        def __call__(self, b, slot=0):
+    class Uneven(GpuTransform):  # batch 0 takes longest
+        def __call__(self, b):
             time.sleep(0.5 if b is batches[0] else 0)
-            return super().__call__(b, slot)
+            return super().__call__(b)
 
-    got = list(prefetch(batches, Uneven("cpu", 16), threads=threads))
+    prefetched = Prefetched(batches, Uneven("cpu", 16))
+    got = list(prefetched)
+    assert [torch.equal(x, y) for (x, _, _), (y, _, _) in zip(got, prefetched, strict=True)] == [True] * len(batches)
     assert len(got) == len(batches)
     for (x, y, bad), b in zip(got, batches, strict=True):
         ref = tf(b)
         assert torch.equal(x, ref[0]) and torch.equal(y, ref[1]) and bad == ref[2] == []
     with pytest.raises(ValueError, match="needs boxes"):  # evaluation batches given to a training transform
-        list(prefetch([batch_of(ds, range(len(samples)))], tf))
-    it = prefetch(iter(batches * 100), tf, ahead=1)
+        list(Prefetched([batch_of(ds, range(len(samples)))], tf))
+    it = iter(Prefetched(iter(batches * 100), tf, ahead=1))
     next(it)
     it.close()
     assert not any(t.name == "gpu-decode" for t in threading.enumerate())
+
+
+def test_a_failed_start_of_the_decoding_thread_reaches_the_consumer(samples, monkeypatch):
+    """The decoding thread cannot take its device (here: set_device fails): the error is raised where the batches are
+    asked for, instead of a wait for batches that never come."""
+    tf = GpuTransform("cpu", 16)
+    tf.device = torch.device("cuda", 0)
+
+    def no_device(device):
+        raise RuntimeError(f"cannot use {device}")
+
+    monkeypatch.setattr(torch.cuda, "set_device", no_device)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: None)
+    errors = []
+
+    def consume():
+        try:
+            list(Prefetched([batch_of(EncodedImages(samples), range(len(samples)))], tf))
+        except RuntimeError as e:
+            errors.append(str(e))
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    consumer.join(60)
+    assert errors == ["cannot use cuda:0"]
 
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -248,10 +273,10 @@ def test_cuda_matches_cpu(samples):
     batch = batch_of(ds, keys).pin_memory()
     ref, _, _ = GpuTransform("cpu", 32)(batch)
     tf = GpuTransform("cuda", 32)  # copies its constants to the device: a sync, once
-    list(prefetch([batch], tf))  # warm up the decoders and the kernels
+    list(Prefetched([batch], tf))  # warm up the decoders and the kernels
     torch.cuda.set_sync_debug_mode("error")  # no sync that torch can see (nvJPEG's own waits are invisible to it)
     try:
-        (x, y, bad), *_ = list(prefetch([batch, batch], tf))
+        (x, y, bad), *_ = list(Prefetched([batch, batch], tf))
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert bad == [] and x.is_cuda and y.is_cuda and x.is_contiguous(memory_format=torch.channels_last)
@@ -265,15 +290,32 @@ def test_decoding_for_a_second_gpu_leaves_gpu_0_alone(samples):
     as a torchrun rank: set_device(1), then a whole prefetch (its threads start, decode, end), then ask the driver."""
     code = f"""
 import sys, torch
-sys.path.insert(0, {str(REPO)!r})
-from imagenet.gpu_decode import EncodedImages, GpuTransform, collate_encoded, prefetch
+sys.path[:0] = [{str(REPO / "imagenet")!r}, {str(REPO)!r}]
+from gpu_decode import EncodedImages, GpuTransform, Prefetched, collate_encoded
 torch.cuda.set_device(1)
 ds = EncodedImages({samples!r}, seed=0)
 batches = [collate_encoded([ds[(e, i)] for i in range({len(samples)})]).pin_memory() for e in range(3)]
-out = list(prefetch(batches, GpuTransform("cuda:1", 32)))
+out = list(Prefetched(batches, GpuTransform("cuda:1", 32)))
 torch.cuda.synchronize()
 print(len(out), out[0][0].device, torch._C._cuda_hasPrimaryContext(0), torch._C._cuda_hasPrimaryContext(1))
 """
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split() == ["3", "cuda:1", "False", "True"], run.stdout
+
+
+def test_torchvision_deprecation_is_silenced_where_it_arises_only(samples):
+    """torchvision 0.29 warns at each call of its image codecs (deprecated for TorchCodec's; they still work):
+    decoding says nothing, and importing gpu_decode leaves the process's warnings filters as they were (a fresh
+    interpreter, its sibling modules imported first)."""
+    ds = EncodedImages(samples, seed=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        GpuTransform("cpu", 16)(batch_of(ds, [(0, i) for i in range(len(samples))]))
+        GpuTransform("cpu", 16, 20)(batch_of(ds, range(len(samples))))
+    assert [w for w in caught if issubclass(w.category, DeprecationWarning)] == []
+    code = (f"import sys, warnings; sys.path[:0] = [{str(REPO / 'imagenet')!r}, {str(REPO)!r}]; "
+            "import crop_resize, imagenet_data; before = list(warnings.filters); import gpu_decode; "
+            "print(warnings.filters == before)")  # fmt: skip
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.stdout.split() == ["True"], p.stderr[-2000:]

@@ -6,7 +6,6 @@ so an evaluation that pads or drops images, or counts one twice, gives a differe
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -17,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import PY, REPO, free_port, make_jpeg_imagefolder, run, run_records, torchrun
+from imagenet_cli import apply_recipe, get_args_parser  # noqa: E402  (tests/conftest.py: the scripts' folders)
 
-from common.utils import lr_lambda
-from imagenet.data import apply_recipe, get_args_parser
+from common.utils import lr_factor
 
 SCRIPT = str(REPO / "imagenet" / "train.py")
 N_TRAIN, N_VAL = 37, 25
@@ -39,6 +38,14 @@ def records(out: Path, split: str) -> list[dict]:
 
 def ckpt(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def in_process(monkeypatch, *args):
+    """imagenet/train.py's entry point in this process, as ``python imagenet/train.py ARGS`` runs it."""
+    import imagenet.train as train
+
+    monkeypatch.setattr(sys, "argv", [SCRIPT, *map(str, args)])
+    train.run_cli(train.main, train.get_args_parser().parse_args())
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +113,7 @@ def test_checkpoint_from_mp_spawn_resumes_under_torchrun_exactly(runs):
     assert [r for r in run_records(a) if (r["split"], r["step"]) != ("val", 3)] == run_records(b)
 
 
-def test_exact_eval_identical_for_world_sizes_1_2_3(runs, data, m, tmp_path, monkeypatch):
+def test_exact_eval_identical_for_world_sizes_1_2_3(runs, data, tmp_path, monkeypatch):
     """-e --resume CKPT on 1 process (the script's entry point in this process) and 3 (mp.spawn) equals the
     2-process (torchrun) eval of the same weights at the end of training: each of the 25 images counted once, same
     numbers."""
@@ -114,8 +121,7 @@ def test_exact_eval_identical_for_world_sizes_1_2_3(runs, data, m, tmp_path, mon
     evaluate = [SCRIPT, str(data), *TINY, "-j", "0", "-e", "--resume", str(last), "--output-dir"]
     run([PY, *evaluate, str(tmp_path / "w3"), "--multiprocessing-distributed", "--nproc-per-node", "3",
          "--dist-url", f"tcp://127.0.0.1:{free_port()}"])  # fmt: skip
-    monkeypatch.setattr(sys, "argv", [*evaluate, str(tmp_path / "w1")])
-    m.cli()
+    in_process(monkeypatch, *evaluate[1:], tmp_path / "w1")
     ref = records(runs["b"], "val")[-1]
     for w in ("w1", "w3"):
         (r,) = records(tmp_path / w, "val")
@@ -125,16 +131,15 @@ def test_exact_eval_identical_for_world_sizes_1_2_3(runs, data, m, tmp_path, mon
     assert 0 < ref["acc5"] and ref["acc1"] <= ref["acc5"] <= 100
 
 
-def test_dummy_data_modern_recipe_resumes_bit_identical(m, tmp_path, monkeypatch):
+def test_dummy_data_modern_recipe_resumes_bit_identical(tmp_path, monkeypatch):
     """--dummy batches are made as tensors, deterministic in (seed, step); mixup/cutmix and the EMA are
     seeded per step and checkpointed, so 3 + 3 steps equal 6 steps exactly (three runs of the script's entry point in
-    this process)."""
-    args = [SCRIPT, "--dummy", "--dummy-sizes", "64", "11", *TINY, "--recipe", "modern"]
+    this process). The evaluation's acc1 is the EMA's, the raw model's beside it as raw_*."""
+    args = ["--dummy", "--dummy-sizes", "64", "11", *TINY, "--recipe", "modern"]
     args += ["--mixup-alpha", "0.2", "--cutmix-alpha", "1.0", "--ema", "0.9"]
     one, two = tmp_path / "one", tmp_path / "two"
     for steps, out in ((6, one), (3, two), (6, two)):
-        monkeypatch.setattr(sys, "argv", [*args, "--max-steps", str(steps), "--output-dir", str(out)])
-        m.cli()
+        in_process(monkeypatch, *args, "--max-steps", steps, "--output-dir", out)
     a, b = ckpt(one / "last.pt"), ckpt(two / "last.pt")
     assert a["step"] == b["step"] == 6
     for key in ("model", "ema"):
@@ -145,21 +150,23 @@ def test_dummy_data_modern_recipe_resumes_bit_identical(m, tmp_path, monkeypatch
     assert [r["lr"] for r in ta] == [r["lr"] for r in tb]
     assert ta[0]["lr"] < ta[-1]["lr"]  # warming up
     (va,) = records(one, "val")
-    assert va["count"] == 11 and {"ema_acc1", "ema_loss"} <= va.keys()
+    assert va["count"] == 11 and {"acc1", "loss", "raw_acc1", "raw_loss", "raw_acc5"} <= va.keys()
+    assert va["loss"] != va["raw_loss"]  # two models evaluated: the average and the weights
+    torch.save({**{k: v for k, v in a.items() if k != "ema"}, "model": a["ema"]}, tmp_path / "ema.pt")
+    in_process(monkeypatch, *args, "-e", "--resume", tmp_path / "ema.pt", "--output-dir", tmp_path / "e")
+    assert records(tmp_path / "e", "val")[0]["loss"] == va["loss"]  # the EMA's weights alone: acc1's, loss's model
 
 
-def test_resume_with_another_global_batch_keeps_the_epoch_position_and_rescales_lr(m, tmp_path, monkeypatch, capsys):
+def test_resume_with_another_global_batch_keeps_the_epoch_position_and_rescales_lr(tmp_path, monkeypatch, capsys):
     """A checkpoint of 3 steps x 4 images resumed with -b 2 (as after a change of world size): the epoch
     continues after the same 12 images (micro-batch 6 of 32), the step counter keeps counting, and the LR
     follows the new global batch (linear scaling: half). Both runs in this process."""
-    args = [SCRIPT, "--dummy", "--dummy-sizes", "64", "5", *TINY, "--epochs", "1", "--output-dir", str(tmp_path)]
-    monkeypatch.setattr(sys, "argv", [*args, "--max-steps", "3"])
-    m.cli()
+    args = ["--dummy", "--dummy-sizes", "64", "5", *TINY, "--epochs", "1", "--output-dir", tmp_path]
+    in_process(monkeypatch, *args, "--max-steps", "3")
     first = records(tmp_path, "train")
-    monkeypatch.setattr(sys, "argv", [*args, "-b", "2", "--max-steps", "5"])
     capsys.readouterr()
-    m.cli()
-    assert "now 1 x 2; the epoch continues after the same samples" in capsys.readouterr().out
+    in_process(monkeypatch, *args, "-b", "2", "--max-steps", "5")
+    assert "now 1 x 2: the epoch goes on after the same samples" in capsys.readouterr().out
     after = records(tmp_path, "train")[len(first) :]
     assert [r["step"] for r in after] == [4, 5]
     assert after[0]["lr"] == pytest.approx(first[-1]["lr"] / 2)
@@ -175,28 +182,25 @@ def test_sigterm_to_the_spawning_parent_checkpoints_and_exits_75(tmp_path):
     cmd += ["--multiprocessing-distributed", "--nproc-per-node", "2"]
     pipe = subprocess.PIPE
     p = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **ENV}, stdout=pipe, stderr=pipe, text=True)
-    for line in p.stdout:  # wait until the workers train (their StopSignal is installed by then)
-        if line.startswith("step 1/"):
+    # wait until every rank is past its first step: before it a signal ends a rank at once, with nothing to save
+    for line in p.stdout:
+        if line.startswith("step 2/"):
             break
     p.send_signal(signal.SIGTERM)
     rest, err = p.communicate(timeout=120)
     assert p.returncode == 75, err[-2000:]
     last = ckpt(out / "last.pt")
-    assert f"stopped by SIGTERM at step {last['step']}; checkpoint saved" in rest
+    assert "stopped by SIGTERM; checkpoint saved" in rest
     assert last["step"] >= 1 and last["batch_in_epoch"] == last["step"] and "Traceback" not in err
 
 
-@pytest.fixture(scope="module")
-def m():
-    """imagenet/train.py imported in-process, for what needs no subprocess (parsing, schedules, input checks)."""
-    spec = importlib.util.spec_from_file_location("imagenet_train", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def parse(*argv: str):
+    args = get_args_parser().parse_args(list(argv))
+    apply_recipe(args)
+    return args
 
 
-def test_recipes_fill_unset_flags_and_schedules(m):
-    parse = lambda *a: apply_recipe(get_args_parser().parse_args(list(a)))  # noqa: E731
+def test_recipes_fill_unset_flags_and_schedules():
     c = parse("DATA")
     assert (c.lr, c.momentum, c.weight_decay, c.label_smoothing, c.lr_schedule, c.norm_bias_decay) == (
         0.1, 0.9, 1e-4, 0.0, "step", True,
@@ -204,35 +208,25 @@ def test_recipes_fill_unset_flags_and_schedules(m):
     mo = parse("--recipe", "modern", "--lr", "0.5", "--dummy", "--wd", "0.01")
     assert (mo.lr, mo.weight_decay, mo.momentum, mo.label_smoothing) == (0.5, 0.01, 0.875, 0.1)
     assert mo.lr_schedule == "cosine" and mo.synthetic and not mo.norm_bias_decay
-    f = lr_lambda(c, steps_per_epoch=10)  # classic: x0.1 every 30 epochs, like main.py
+    f = lambda step: lr_factor(step, c, steps_per_epoch=10)  # noqa: E731  (classic: x0.1 every 30 epochs, like main.py)
     assert [f(0), f(299), f(300), f(599), f(600)] == pytest.approx([1, 1, 0.1, 0.1, 0.01])
-    f = lr_lambda(parse("--recipe", "modern", "--epochs", "10"), steps_per_epoch=10)  # 5 epochs of warmup
+    mo10 = parse("--recipe", "modern", "--epochs", "10")
+    f = lambda step: lr_factor(step, mo10, steps_per_epoch=10)  # noqa: E731  (5 epochs of warmup)
     assert [f(0), f(49), f(50)] == pytest.approx([1 / 50, 1, 1]) and f(99) < 0.01
     assert parse("--learning-rate", "0.3", "--weight-decay", "0", "X").lr == 0.3
 
 
-def cli_error(m, monkeypatch, capsys, *argv) -> str:
-    """Run the script's CLI in-process the way __main__ does; return its one error line."""
-    monkeypatch.setattr(sys, "argv", [SCRIPT, *map(str, argv)])
+def test_the_script_sets_no_environment_variable(data, tmp_path, monkeypatch, capsys):
+    """The environment is the user's: with --gpu-decode too (its docs recommend CUDA_DEVICE_MAX_CONNECTIONS=32), a
+    run leaves os.environ as it found it. In this process; the run stops at an error raised after the device setup,
+    one line, exit 2."""
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    before = dict(os.environ)
     with pytest.raises(SystemExit) as e:
-        m.run_cli(m.cli)
+        in_process(monkeypatch, data, "--gpu-decode", "-e", "--resume", "none", "--output-dir", tmp_path / "o")
     err = capsys.readouterr().err
-    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
-    assert e.value.code == 2 and len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
-
-
-def test_gpu_decode_asks_for_32_hardware_queues_unless_set(m, data, tmp_path, monkeypatch, capsys):
-    """--gpu-decode sets CUDA_DEVICE_MAX_CONNECTIONS=32 before the device is set up (CUDA reads it then); a
-    user's own value is kept. The run stops at an error raised after setup: the variable is set by then."""
-    argv = (data, "--gpu-decode", "-e", "--resume", "none", "--output-dir", tmp_path / "o")
-    for before, after in ((None, "32"), ("8", "8")):
-        monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "x")  # so that monkeypatch restores the original
-        monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS")
-        if before is not None:
-            monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", before)
-        assert "-e needs weights" in cli_error(m, monkeypatch, capsys, *argv)
-        assert os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == after
+    assert e.value.code == 2 and err.startswith("error: -e needs weights") and err.count("\n") == 1, err
+    assert dict(os.environ) == before
 
 
 def test_bad_inputs_from_the_command_line(tmp_path):
@@ -249,15 +243,13 @@ def test_bad_inputs_from_the_command_line(tmp_path):
     assert "Traceback" not in p.stderr, p.stderr[-2000:]
 
 
-def test_skip_bad_images_counts_and_reports(m, tmp_path, monkeypatch, capsys):
+def test_skip_bad_images_counts_and_reports(tmp_path, monkeypatch, capsys):
     """The script's entry point in this process, loading in it (-j 0)."""
     d = make_jpeg_imagefolder(tmp_path / "d", {"train": 12, "val": 7}, classes=3, size=35)
     (d / "train" / "class1" / "00004.jpg").write_bytes(b"not a jpeg")
     jpg = d / "val" / "class2" / "00005.jpg"
     jpg.write_bytes(jpg.read_bytes()[:200])  # truncated
-    argv = [SCRIPT, str(d), *TINY, "-j", "0", "--epochs", "1", "--skip-bad-images", "--output-dir", str(tmp_path / "o")]
-    monkeypatch.setattr(sys, "argv", argv)
-    m.cli()
+    in_process(monkeypatch, d, *TINY, "-j", "0", "--epochs", "1", "--skip-bad-images", "--output-dir", tmp_path / "o")
     err = capsys.readouterr().err
     assert "00004.jpg" in err and "00005.jpg" in err
     assert records(tmp_path / "o", "train")[-1]["skipped_images"] == 1  # 12 images = 3 full steps: all seen
@@ -265,7 +257,7 @@ def test_skip_bad_images_counts_and_reports(m, tmp_path, monkeypatch, capsys):
     assert (v["count"], v["skipped"]) == (6, 1)
 
 
-def test_pretrained_weights_from_the_hub_cache_offline(m, tmp_path, monkeypatch):
+def test_pretrained_weights_from_the_hub_cache_offline(tmp_path, monkeypatch):
     import torchvision
 
     cache = tmp_path / "th" / "hub" / "checkpoints"
@@ -273,26 +265,23 @@ def test_pretrained_weights_from_the_hub_cache_offline(m, tmp_path, monkeypatch)
     torch.save(torchvision.models.resnet18().state_dict(), cache / "resnet18-f37072fd.pth")  # main.py's V1 file
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "th"))
     out = tmp_path / "o"
-    argv = [SCRIPT, "--dummy", "--dummy-sizes", "8", "13", *TINY, "--pretrained", "-e", "--output-dir", str(out)]
-    monkeypatch.setattr(sys, "argv", argv)
-    m.cli()
+    in_process(monkeypatch, "--dummy", "--dummy-sizes", "8", "13", *TINY, "--pretrained", "-e", "--output-dir", out)
     (r,) = records(out, "val")
     assert r["count"] == 13 and r["checkpoint"] == "ResNet18_Weights.IMAGENET1K_V1"
 
 
-def test_start_epoch_starts_the_schedule_there(m, tmp_path, monkeypatch):
+def test_start_epoch_starts_the_schedule_there(tmp_path, monkeypatch):
     """main.py's --start-epoch: epoch 30 of a step schedule starts at step 30 x 4 with the LR already x0.1."""
     out = tmp_path / "o"
-    argv = [SCRIPT, "--dummy", "--dummy-sizes", "16", "4", *TINY, "-j", "0", "--epochs", "31", "--start-epoch", "30"]
-    monkeypatch.setattr(sys, "argv", [*argv, "--output-dir", str(out)])
-    m.cli()
+    in_process(monkeypatch, "--dummy", "--dummy-sizes", "16", "4", *TINY, "-j", "0", "--epochs", "31", "--start-epoch",
+               "30", "--output-dir", out)  # fmt: skip
     train = records(out, "train")
     assert [r["step"] for r in train] == [121, 122, 123, 124] and {r["epoch"] for r in train} == {30}
     assert all(r["lr"] == pytest.approx(0.1 * 4 / 256 * 0.1) for r in train)
     assert ckpt(out / "last.pt")["epoch"] == 31
 
 
-def test_device_decode_path_trains_and_evaluates_like_the_pillow_path(data, m, tmp_path, monkeypatch):
+def test_device_decode_path_trains_and_evaluates_like_the_pillow_path(data, tmp_path, monkeypatch):
     """--gpu-decode (torchvision.io decode + device-side crop/flip/normalize; on CPU here) under torchrun:
     trains, evaluates every val image once, and its val metrics on the same checkpoint match the Pillow
     path closely (same crops; only the resize kernels differ)."""
@@ -301,8 +290,7 @@ def test_device_decode_path_trains_and_evaluates_like_the_pillow_path(data, m, t
     assert ckpt(out / "last.pt")["step"] > 0
     (dev,) = records(out, "val")
     assert dev["count"] == N_VAL
-    argv = [SCRIPT, str(data), *TINY, "-e", "--resume", str(out / "last.pt"), "--output-dir", str(tmp_path / "pil")]
-    monkeypatch.setattr(sys, "argv", argv)  # the Pillow path's evaluation, in this process
-    m.cli()
+    # the Pillow path's evaluation, in this process
+    in_process(monkeypatch, data, *TINY, "-e", "--resume", out / "last.pt", "--output-dir", tmp_path / "pil")
     (pil,) = records(tmp_path / "pil", "val")
     assert pil["count"] == N_VAL and abs(pil["loss"] - dev["loss"]) < 0.05 * max(1.0, pil["loss"]), (pil, dev)
