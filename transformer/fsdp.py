@@ -2,13 +2,10 @@
 
 Under DDP every rank holds the whole model, its gradients and Adam's two moments: 16 bytes a parameter. FSDP2
 (`fully_shard`) keeps 1/N of each on each of N ranks, and gathers one layer's weights (--fsdp model: all of them)
-just before its forward and backward. torch.distributed.fsdp and .checkpoint are imported where used: only --fsdp
-needs them, and they import slowly.
-
-A checkpoint is two things: `last.pt` (or `best.pt`), the small file of everything but the weights and optimizer
-state, in the schema of every other run (common/checkpoint.py), naming `last.<step>-<tag>.dcp/`, the directory of
-shards that every rank wrote its own part of. A resume on another number of ranks reads the parts it needs.
-"""
+just before its forward and backward. A checkpoint is `last.pt` (or `best.pt`: everything but the weights and
+optimizer state, in the schema of every run) naming `last.<step>-<tag>.dcp/`, the directory of shards that every
+rank wrote its own part of; a resume on another number of ranks reads the parts it needs. torch.distributed.fsdp
+and .checkpoint import slowly: imported where used."""
 
 from __future__ import annotations
 
@@ -24,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from common.checkpoint import save_checkpoint, strip_prefixes
-from common.distributed import broadcast_object, is_dist
+from common.distributed import broadcast_object
 from common.errors import UserError
 
 if TYPE_CHECKING:
@@ -40,7 +37,7 @@ def shard(model: torch.nn.Module, dtype: torch.dtype | None, device: torch.devic
     gathered and used in bf16, the gradients reduced in fp32; the fp32 master copy stays sharded."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    if not is_dist() or dist.get_world_size() == 1:
+    if not dist.is_initialized():
         raise UserError("--fsdp needs 2 or more processes (torchrun --nproc_per_node=N ...)")
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
     for layer in [*model.encoder, *model.decoder]:
@@ -185,32 +182,26 @@ def load(path: Path, ckpt: dict, model, optimizer) -> None:
     """The weights and optimizer state of ``ckpt`` into the sharded model and optimizer: an FSDP checkpoint's shards
     (resharded to this number of ranks), or a single-file checkpoint of a DDP run (every rank keeps its part)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-        set_state_dict,
-    )
+    import torch.distributed.checkpoint.state_dict as sd
 
     try:
         if "shards" in ckpt:
             reader, planner = _shard_reader(path, ckpt)
-            model_state, optim_state = get_state_dict(model, optimizer)
+            model_state, optim_state = sd.get_state_dict(model, optimizer)
             state = {"model": model_state, "optimizer": optim_state}
             dcp.load(state, storage_reader=reader, planner=planner)
-            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+            sd.set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
             return
         # a DDP run's single file: the weights first, so that a model of another size is told by its first tensor
-        whole = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(model, strip_prefixes(ckpt["model"]), options=whole)
+        whole = sd.StateDictOptions(full_state_dict=True)
+        sd.set_model_state_dict(model, strip_prefixes(ckpt["model"]), options=whole)
         # the DDP optimizer's state is keyed by position in the parameter groups: name each by its parameter
         names = {p: n for n, p in model.named_parameters()}
         fqn = [names[p] for group in optimizer.param_groups for p in group["params"]]
         saved = ckpt["optimizer"]
         groups = [{**g, "params": [fqn[i] for i in g["params"]]} for g in saved["param_groups"]]
         optim_state = {"state": {fqn[i]: s for i, s in saved["state"].items()}, "param_groups": groups}
-        set_optimizer_state_dict(model, optimizer, optim_state, options=whole)
+        sd.set_optimizer_state_dict(model, optimizer, optim_state, options=whole)
     except (RuntimeError, ValueError, KeyError, IndexError, dcp.CheckpointException) as e:
         cause = next(iter(e.failures.values()))[0] if isinstance(e, dcp.CheckpointException) else e  # one rank's
         if isinstance(cause, UserError):

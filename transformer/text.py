@@ -1,21 +1,20 @@
 """Parallel text in (``load_corpus``), a joint tokenizer, packed training rows (``PackedBatchSampler``,
-``PackedRows``) and padded evaluation batches (``collate``, ``token_batches``) out. Ids 0-3 are <pad> <unk> <s>
+``PackedRows``) and padded evaluation batches (``padded_batches``) out. Ids 0-3 are <pad> <unk> <s>
 </s>; a source is ``ids + </s>``, the decoder reads ``<s> + ids`` and predicts ``ids + </s>``."""
 
 from __future__ import annotations
 
 import gzip
 import itertools
-import os
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset, Sampler
 
-from common.checkpoint import Position
 from common.distributed import DistInfo, broadcast_object, mix_seed, print0
 from common.errors import UserError
 
@@ -38,10 +37,9 @@ def load_corpus(args, info: DistInfo) -> Splits:
         elif path.exists():
             raise UserError(f"--data {args.data} is a file; give the directory that holds train.{args.lang_src}[.gz]")
         elif args.data.startswith(("/", ".", "~")) or args.data.count("/") > 1:
-            raise UserError(
-                f"--data {args.data}: no such directory (expected a dir with train.{args.lang_src}[.gz] and "
-                f"train.{args.lang_tgt}[.gz], a save_to_disk dir, or a Hugging Face dataset name)"
-            )
+            raise UserError(f"--data {args.data}: no such directory (expected a dir with train.{args.lang_src}[.gz]"
+                            f" and train.{args.lang_tgt}[.gz], a save_to_disk dir, or a Hugging Face dataset "
+                            "name)")  # fmt: skip
         else:
             splits = read_hub_dataset(args, info)
     renamed: Splits = {}
@@ -112,10 +110,8 @@ def read_lines(path: Path) -> list[str]:
         text = raw.decode("utf-8-sig")  # a leading byte order mark is no part of the text
     except UnicodeDecodeError as e:
         enc = "utf-16" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else "latin1"  # UTF-16 begins with its byte order mark
-        raise UserError(
-            f"cannot read {path}: not UTF-8 ({e.reason} at byte {e.start}) (convert it, e.g. "
-            f"iconv -f {enc} -t utf-8 {path.name} > {path.name}.utf8)"
-        ) from None
+        raise UserError(f"cannot read {path}: not UTF-8 ({e.reason} at byte {e.start}) (convert it, e.g. iconv -f "
+                        f"{enc} -t utf-8 {path.name} > {path.name}.utf8)") from None  # fmt: skip
     except (OSError, EOFError) as e:
         raise UserError(f"cannot read {path}: {e} (check that the file is readable and, if .gz, complete)") from None
     lines = text.split("\n")
@@ -132,10 +128,8 @@ def read_text_dir(root: Path, src: str, tgt: str) -> Splits:
 
     if find("train", src) is None or find("train", tgt) is None:
         langs = sorted({p.name.split(".")[1] for p in root.glob("train.*") if p.is_file()})
-        raise UserError(
-            f"no train.{src} and train.{tgt} (optionally .gz) in {root} "
-            f"(languages found: {', '.join(langs) or 'none'}; set --lang-src/--lang-tgt)"
-        )
+        raise UserError(f"no train.{src} and train.{tgt} (optionally .gz) in {root} (languages found: "
+                        f"{', '.join(langs) or 'none'}; set --lang-src/--lang-tgt)")  # fmt: skip
     splits = {}
     for split in ("train", *VAL_NAMES, "test"):
         fs, ft = find(split, src), find(split, tgt)
@@ -168,14 +162,10 @@ def _load_hub(name: str, config: str | None, src: str, tgt: str) -> Splits:
     try:
         import datasets
     except ImportError:
-        raise UserError(
-            f"--data {name} looks like a Hugging Face dataset name, which needs `pip install datasets` "
-            "(or use a local directory of {split}.{lang} files)"
-        ) from None
-    offline_hint = (
-        f"offline or the Hub is unreachable: use a local directory (--data DIR with train.{src}, train.{tgt}, ...) "
-        "or a dataset already in the cache with HF_DATASETS_OFFLINE=1"
-    )
+        raise UserError(f"--data {name} looks like a Hugging Face dataset name, which needs `pip install datasets` "
+                        "(or use a local directory of {split}.{lang} files)") from None  # fmt: skip
+    offline_hint = (f"offline or the Hub is unreachable: use a local directory (--data DIR with train.{src}, "
+                    f"train.{tgt}, ...) or a dataset already in the cache with HF_DATASETS_OFFLINE=1")  # fmt: skip
     try:
         if config is None:  # opus_books style: one config per language pair, in either order
             configs = datasets.get_dataset_config_names(name)
@@ -184,10 +174,8 @@ def _load_hub(name: str, config: str | None, src: str, tgt: str) -> Splits:
                 config = configs[0]
             if config is None:
                 shown = ", ".join(configs[:30]) + (" ..." if len(configs) > 30 else "")
-                raise UserError(
-                    f"dataset {name} has no {src}-{tgt} language pair (configs: {shown}; "
-                    "set --lang-src/--lang-tgt or --data-config)"
-                )
+                raise UserError(f"dataset {name} has no {src}-{tgt} language pair (configs: {shown}; set "
+                                "--lang-src/--lang-tgt or --data-config)")  # fmt: skip
         dd = datasets.load_dataset(name, config)
     except UserError:
         raise
@@ -223,9 +211,8 @@ def _pairs_from_columns(ds, src: str, tgt: str, where: str) -> tuple[list[str], 
         rows = ds["translation"]
         langs = sorted(rows[0]) if len(rows) else []
         if len(rows) and not (src in rows[0] and tgt in rows[0]):
-            raise UserError(
-                f"{where} has languages {', '.join(langs)}, not {src} and {tgt} (set --lang-src/--lang-tgt)"
-            )
+            raise UserError(f"{where} has languages {', '.join(langs)}, not {src} and {tgt} (set --lang-src/"
+                            "--lang-tgt)")  # fmt: skip
         return [r[src] for r in rows], [r[tgt] for r in rows]
     if src in cols and tgt in cols:
         return list(ds[src]), list(ds[tgt])
@@ -245,20 +232,15 @@ def train_tokenizer(kind: str, sentences: list[str], vocab_size: int):
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            special_tokens=SPECIALS,
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
-        )
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
     elif kind == "wordlevel":
         tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
         # Metaspace keeps the spaces as "▁" on the words, so decoding restores "word, word." exactly.
         tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation()])
         tok.decoder = decoders.Metaspace()
-        trainer = trainers.WordLevelTrainer(
-            vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIALS, show_progress=False
-        )
+        trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIALS,
+                                            show_progress=False)  # fmt: skip
     else:
         raise UserError(f"unknown --tokenizer {kind!r} (bpe or wordlevel)")
     tok.train_from_iterator(sentences, trainer)
@@ -299,11 +281,6 @@ LINE_BREAKS = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]+")
 
 def one_line(text: str) -> str:
     return LINE_BREAKS.sub(" ", text)
-
-
-def tokenizers_done_forking() -> None:
-    """After the parallel encode, let DataLoader workers fork without the tokenizers warning."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 class ParallelDataset(Dataset):
@@ -357,6 +334,13 @@ def token_batches(order: list[int], lengths: list[int], max_tokens: int) -> list
     return batches
 
 
+def padded_batches(src: list[list[int]], tgt: list[list[int]], max_tokens: int) -> Iterator[tuple[torch.Tensor, ...]]:
+    """The pairs as padded batches (``collate``), sorted by length, each of at most ``max_tokens`` padded tokens."""
+    pairs, lengths = ParallelDataset(src, tgt), [max(len(s), len(t)) + 1 for s, t in zip(src, tgt)]
+    for batch in token_batches(sorted(range(len(src)), key=lengths.__getitem__), lengths, max_tokens):
+        yield collate([pairs[i] for i in batch])
+
+
 def pack_rows(src_lens: list[int], tgt_lens: list[int], capacity: int) -> list[int]:
     """How many pairs each row takes, in order, while both its sides stay within `capacity` tokens."""
     sizes, n, s_sum, t_sum = [], 0, 0, 0
@@ -400,18 +384,8 @@ class PackedBatchSampler(Sampler):
     hang). `set_epoch(e, skip=k)` skips this rank's first k micro-batches; `until=n` deals on to epoch n, so that
     one DataLoader iterator serves the whole run."""
 
-    def __init__(
-        self,
-        src_lens: list[int],
-        tgt_lens: list[int],
-        pack_len: int,
-        rows: int,
-        rank: int = 0,
-        world_size: int = 1,
-        seed: int = 0,
-        accum: int = 1,
-        epochs: int | None = None,
-    ):
+    def __init__(self, src_lens: list[int], tgt_lens: list[int], pack_len: int, rows: int, rank: int = 0,
+                 world_size: int = 1, seed: int = 0, accum: int = 1, epochs: int | None = None):  # fmt: skip
         self.src_lens, self.tgt_lens = torch.tensor(src_lens), torch.tensor(tgt_lens)
         longer = torch.maximum(self.src_lens, self.tgt_lens)
         if int(longer.max()) >= pack_len:
@@ -492,18 +466,3 @@ class PackedBatchSampler(Sampler):
 
     def __len__(self) -> int:
         return (self.steps_before(self.until) - self.steps_before(self.epoch)) * self.accum - self.skip
-
-
-def continue_at_next_epoch(pos: Position, ckpt: dict, world_size: int, accum_steps: int) -> dict:
-    """After a resume with another world size or accumulation, which deals other steps: move ``pos`` to the next
-    epoch boundary, and return the checkpoint without its loss window (of the old steps)."""
-    old_world, old_accum = ckpt.get("world_size", world_size), ckpt.get("args", {}).get("accum_steps")
-    if (old_world, old_accum) != (world_size, accum_steps):
-        print0(
-            f"note: checkpoint was written with world size {old_world} x accum {old_accum}, now "
-            f"{world_size} x {accum_steps}; continuing at the next epoch boundary "
-            "(the data order differs from an uninterrupted run)"
-        )
-        pos.epoch, pos.batch_in_epoch = pos.epoch + (pos.batch_in_epoch > 0), 0
-        ckpt = {k: v for k, v in ckpt.items() if k != "loss_window"}
-    return ckpt

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from text import BOS, EOS, PAD, pad_batch, token_batches
 
-from common.utils import autocast
-
-from .data import BOS, EOS, PAD, pad_batch, token_batches
+from common.errors import UserError
 
 
 @dataclass
@@ -40,16 +41,27 @@ PRESETS = {
 }
 
 
-def allow_cudnn_attention(allow: bool) -> None:
-    """Whether SDPA may use cuDNN attention: PyTorch's first pick on H100, but each new input shape costs it a new
-    plan, and evaluation and decoding bring new shapes all the time."""
-    torch.backends.cuda.enable_cudnn_sdp(allow)
+def model_config(args, vocab_size: int) -> ModelConfig:
+    """The preset, with the flags that override it."""
+    overrides = {"d_model": args.d_model, "n_heads": args.heads, "d_ff": args.d_ff, "dropout": args.dropout}
+    overrides.update(enc_layers=args.layers, dec_layers=args.layers)
+    return ModelConfig(vocab_size, **{**PRESETS[args.preset], **{k: v for k, v in overrides.items() if v is not None}})
 
 
-# FlexAttention is imported on first use (GPU training on packed rows): at import it costs seconds of start-up.
+def check_size(cfg: ModelConfig) -> None:
+    """Every rank builds the whole model on the host before it moves or shards it (and on a CPU trains it there,
+    with gradients and AdamW's two moments): a model that cannot fit would be killed by the kernel without a word."""
+    if not hasattr(os, "sysconf"):  # Windows: no portable figure for the host's memory
+        return
+    with torch.device("meta"):  # shapes only: no memory
+        n = sum(p.numel() for p in Transformer(cfg).parameters())
+    size, host = n * (4 if torch.cuda.is_available() else 16), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if size > host:
+        raise UserError(f"the model of {n / 1e9:.2f}B parameters needs {size / 2**30:.0f} GiB on the host, which has "
+                        f"{host / 2**30:.0f} GiB (lower --d-model, --d-ff, --layers or --vocab-size)")  # fmt: skip
 
 
-@functools.cache
+@functools.cache  # FlexAttention is imported on first use (GPU training on packed rows): it imports slowly
 def compiled(fn):
     """torch.compile(fn) for an eager model on a GPU, made once (a compiled model traces the plain function)."""
     return torch.compile(fn, dynamic=False)
@@ -232,6 +244,13 @@ class Transformer(nn.Module):
         return self.decode(tgt_in, memory, cross_mask, dec_mask, positions_in_documents(tgt_doc))
 
 
+def token_loss(logits: torch.Tensor, tgt_out: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Summed token cross-entropy of a batch's logits (B, T, V), <pad> targets left out. Compiled (--compile), the loss
+    over the whole vocabulary (the largest activation) fuses into a few kernels."""
+    return F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, label_smoothing=label_smoothing,
+                           reduction="sum")  # fmt: skip
+
+
 @torch.no_grad()
 def generate(model: Transformer, src: torch.Tensor, beam: int = 1, max_len: int | None = None) -> list[list[int]]:
     """Translate a padded batch src (B, S) -> B lists of token ids: greedy, or beam search with length-normalized
@@ -274,15 +293,17 @@ def generate(model: Transformer, src: torch.Tensor, beam: int = 1, max_len: int 
     return out
 
 
-def translate_ids(model, sources: list[list[int]], max_tokens: int, beam: int = 1, dtype=None) -> list[list[int]]:
-    """Translate token-id sentences in length-sorted token-budget batches; results in input order."""
+def translate_ids(model, sources: list[list[int]], max_tokens: int, beam: int = 1, dtype=None,
+                  watch: Callable[[Iterable], Iterable] = iter) -> list[list[int]]:  # fmt: skip
+    """Translate token-id sentences in length-sorted token-budget batches (each seen by ``watch``); results in input
+    order."""
     device = next(model.parameters()).device
     lengths = [len(s) + 1 for s in sources]
     order = sorted(range(len(sources)), key=lengths.__getitem__)
     out: list[list[int]] = [[] for _ in sources]
-    for batch in token_batches(order, lengths, max(1, max_tokens // beam)):
+    for batch in watch(token_batches(order, lengths, max(1, max_tokens // beam))):
         src = pad_batch([sources[i] + [EOS] for i in batch]).to(device)
-        with autocast(device, dtype):
+        with torch.autocast(device.type, dtype, enabled=dtype is not None):
             hyps = generate(model, src, beam)
         for i, h in zip(batch, hyps):
             out[i] = h
