@@ -11,8 +11,7 @@ import time
 import pytest
 import torch
 
-from common.distributed import cleanup_distributed
-from common.metrics import prepare_output_dir
+from common.hardening.checks import claim_output_dir, release_locks
 from tests.conftest import (
     PY,
     assert_same_training_state,
@@ -181,8 +180,8 @@ def test_ranks_exit_with_their_killed_agent(data, tmp_path):
         line = f"error: rank {rank}: its launcher (torchrun, pid {proc.pid}) is gone, so it exits too"
         assert line in log, log[-3000:]
     assert "Traceback" not in log and "done:" not in log, log[-3000:]
-    prepare_output_dir(out)  # the output dir is free: its lock died with rank 0
-    cleanup_distributed()
+    claim_output_dir(out, True)  # the output dir is free: its lock died with rank 0
+    release_locks()
 
 
 def test_a_second_job_on_a_busy_output_dir_is_refused(data, tmp_path):

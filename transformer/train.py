@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
 import time
 from dataclasses import asdict
@@ -56,9 +55,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-len", type=checked(int, lambda v: 1 <= v <= MAX_LEN, f"must be in 1..{MAX_LEN}"), default=256,
                    help="drop (and count) training pairs longer than this")  # fmt: skip
     g.add_argument("--tokenizer", choices=("bpe", "wordlevel"), default="bpe", help="joint vocabulary type")
-    # the tokenizer trainer reserves memory for every entry up front
-    g.add_argument("--vocab-size", type=checked(int, lambda v: 8 <= v <= 2**24, f"must be in 8..{2**24}"),
-                   default=8000, help="joint source+target vocabulary size")  # fmt: skip
+    g.add_argument("--vocab-size", type=checked(int, lambda v: 8 <= v <= 2**24, f"must be in 8..{2**24}"), default=8000,
+                   help="joint source+target vocabulary (the trainer reserves memory for each entry)")  # fmt: skip
     g.add_argument("-j", "--workers", type=COUNT, default=2, help="DataLoader workers per process (they pack rows)")
     g.add_argument("--pack-len", type=POSITIVE, default=1024, help="tokens per packed row (at most --max-tokens)")
     add_shared_args(p, "runs/transformer", epochs=20, vision=False)
@@ -72,11 +70,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     g.add_argument("--fsdp", nargs="?", const="layer", choices=("layer", "model"), default=None,
                    help="shard weights, gradients and optimizer state (FSDP2), not DDP; gathered a layer at a "
                    "time (layer, the default: least memory) or all at once a step (model: fastest)")  # fmt: skip
-    g.add_argument("--cudnn-attention", action="store_true", help="let attention use cuDNN (PyTorch's first pick on "
-                   "H100; slow with changing batch shapes)")  # fmt: skip
+    g.add_argument("--cudnn-attention", action="store_true", help="allow cuDNN attention (slow on changing shapes)")
     g = p.add_argument_group("optimization")
-    g.add_argument("--max-tokens", type=POSITIVE, default=4096, help="tokens per batch per process: max-tokens // "
-                   "pack-len rows")  # fmt: skip
+    g.add_argument("--max-tokens", type=POSITIVE, default=4096, help="tokens a micro-batch a process (in rows)")
     g.add_argument("--lr", type=ABOVE_0, default=5e-4, help="peak LR (AdamW; not scaled with the batch)")
     g.add_argument("--warmup-steps", type=COUNT, default=1000, help="linear warmup, then LR ~ 1/sqrt(step)")
     g.add_argument("--wd", "--weight-decay", dest="weight_decay", type=AT_LEAST_0, default=0.0, help="weights only")
@@ -111,7 +107,6 @@ def check_args(args: argparse.Namespace) -> None:
 def build_data(args, info, tok, splits: dict, pack_len: int):
     """Token ids; over-long training pairs dropped (and counted), evaluation keeps every pair; the packed loader."""
     ids = {k: (text.encode(tok, s), text.encode(tok, t)) for k, (s, t) in splits.items()}
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the parallel encode is done: workers fork quietly
     max_len = min(args.max_len, pack_len - 1)  # a row holds its pairs and a tail of at least one <pad>
     keep = [i for i, (s, t) in enumerate(zip(*ids["train"])) if max(len(s), len(t)) + 1 <= max_len]
     src, tgt = [ids["train"][0][i] for i in keep], [ids["train"][1][i] for i in keep]
@@ -128,21 +123,19 @@ def build_data(args, info, tok, splits: dict, pack_len: int):
                                       args.max_tokens // pack_len, info.rank, info.world_size, args.seed,
                                       args.accum_steps, args.epochs)  # fmt: skip
     rows = text.PackedRows(text.ParallelDataset(src, tgt), pack_len)
-    loader = torch.utils.data.DataLoader(rows, batch_sampler=sampler,
-                                         **loader_kwargs(args.workers, args.seed, info.rank, info.device))  # fmt: skip
+    kw = loader_kwargs(args.workers, args.seed, info.rank, info.device)
+    loader = torch.utils.data.DataLoader(rows, batch_sampler=sampler, **kw)
     return sampler, loader, eval_sets, {"train_pairs": len(src), "dropped_long_pairs": n_long}
 
 
 def continue_at_next_epoch(pos: Position, ckpt: dict, world_size: int, accum_steps: int, epoch_end: int) -> dict:
-    """After a resume with another world size or accumulation, which deal other steps: the epoch in progress ends
-    here (``pos.batch_in_epoch = epoch_end``, its every micro-batch done), so that its evaluation, if due, and its
-    checkpoint come next, and training goes on at the next epoch. Returns ``ckpt`` without its loss window."""
+    """After a resume with another world size or accumulation (other steps), the epoch in progress ends here: its
+    evaluation, if due, and checkpoint come next, then the next epoch. Returns ``ckpt`` less its loss window."""
     old = ckpt["world_size"], ckpt["args"]["accum_steps"]
     if old == (world_size, accum_steps):
         return ckpt
-    print0(f"note: checkpoint was written with world size {old[0]} x accum {old[1]}, now {world_size} x "
-           f"{accum_steps}; continuing at the next epoch boundary (the data order differs from an uninterrupted "
-           "run)")  # fmt: skip
+    print0(f"note: checkpoint was written with world size {old[0]} x accum {old[1]}, now {world_size} x {accum_steps}; "
+           "continuing at the next epoch boundary (the data order differs from an uninterrupted run)")  # fmt: skip
     pos.batch_in_epoch = epoch_end if pos.batch_in_epoch else 0
     return {k: v for k, v in ckpt.items() if k != "window"}
 
@@ -155,13 +148,11 @@ def lr_at(step: int, args) -> float:
 
 def train_one_epoch(model, loss_fn, optimizer, scaler, no_sync, batches, step_tokens: list[int], pos: Position,
                     window: LossWindow, args, info, logger: MetricsLogger, save, end: int) -> bool:  # fmt: skip
-    """Optimizer steps up to step ``end`` (the epoch's last or --max-steps), their micro-batches taken from
-    ``batches``, the run's one iterator. Returns True if the ranks agreed to stop before it (preemption), leaving
-    the loss window open for the checkpoint to hold."""
+    """Optimizer steps up to step ``end`` (the epoch's last or --max-steps), their micro-batches taken from ``batches``,
+    the run's one iterator. Returns True if the ranks agreed to stop before it (preemption; the loss window open)."""
     model.train()
     dtype = amp_dtype(args.amp, info.device)
-    first = pos.batch_in_epoch
-    for i, batch in zip(range(first, first + (end - pos.step) * args.accum_steps), batches):
+    for i, batch in zip(range(pos.batch_in_epoch, pos.batch_in_epoch + (end - pos.step) * args.accum_steps), batches):
         src, tgt_in, tgt_out, src_doc, tgt_doc = (t.to(info.device, non_blocking=True) for t in batch)
         if i % args.accum_steps == 0:  # dropout masks depend on (seed, rank, step) only: resumable
             torch.manual_seed(mix_seed(args.seed, info.rank, pos.step))
@@ -229,9 +220,8 @@ def evaluate(model, data, tok, args, info, dtype) -> dict:
     model.eval()  # and eager: evaluation's many batch shapes would each compile a graph of their own
     mine = list(range(info.rank, len(src_ids), info.world_size))  # each pair on one rank, no padding
     sums = torch.zeros(2, device=info.device, dtype=torch.float64)  # summed NLL, target tokens
-    pairs = text.padded_batches([src_ids[i] for i in mine], [tgt_ids[i] for i in mine], args.max_tokens)
+    pairs = text.padded_batches([src_ids[i] for i in mine], [tgt_ids[i] for i in mine], args.max_tokens, info.device)
     for src, tgt_in, tgt_out in watched(pairs, evaluating=True):
-        src, tgt_in, tgt_out = src.to(info.device), tgt_in.to(info.device), tgt_out.to(info.device)
         with torch.autocast(info.device.type, dtype, enabled=dtype is not None):
             nll = token_loss(model(src, tgt_in).float(), tgt_out)
         sums += torch.stack([nll.double(), (tgt_out != text.PAD).sum().double()])
@@ -242,8 +232,7 @@ def evaluate(model, data, tok, args, info, dtype) -> dict:
     parts = [mine_hyps] * info.world_size  # every rank's, gathered on every rank: all score BLEU alike
     if dist.is_initialized():
         dist.all_gather_object(parts, mine_hyps)
-    by_index = dict(pair for part in parts for pair in part)
-    hyps = [text.one_line(by_index[i]) for i in range(len(refs))]  # as translate.py writes them
+    hyps = [text.one_line(h) for _, h in sorted(pair for part in parts for pair in part)]  # as translate.py writes
     bleu = BLEU()  # detokenized, cased corpus BLEU against the original reference text
     score = bleu.corpus_score(hyps, [[text.one_line(r) for r in refs]]).score
     model.train()
@@ -259,8 +248,7 @@ def log_eval(model, data, split: str, tok, args, info, dtype, logger: MetricsLog
                 "sacrebleu")}})  # fmt: skip
     print0(f"epoch {pos.epoch} {split}: loss {m['loss']:.4f} BLEU {m['bleu']:.2f} ({m['count']} sentences, "
            f"{'greedy' if args.beam == 1 else f'beam {args.beam}'}; sacreBLEU {m['sacrebleu']})")  # fmt: skip
-    for s, ref, h in m["samples"]:
-        print0(f"  src: {s}\n  ref: {ref}\n  hyp: {h}")
+    print0("".join(f"  src: {s}\n  ref: {ref}\n  hyp: {h}\n" for s, ref, h in m["samples"]), end="")
     return m
 
 
@@ -270,8 +258,7 @@ def main(args: argparse.Namespace) -> None:
     t_start = time.time()
     hardening.enable(args, check_args, writes=("tokenizer.json",))
     info = setup_distributed(args)  # [DDP 1] init the process group (any launcher) and pick this rank's device
-    device, out = info.device, Path(args.output_dir)
-    dtype = amp_dtype(args.amp, device)
+    device, out, dtype = info.device, Path(args.output_dir), amp_dtype(args.amp, info.device)
     torch.manual_seed(args.seed + info.rank)  # each rank its own; every rank starts from rank 0's weights
     out.mkdir(parents=True, exist_ok=True)
     torch.backends.cuda.enable_cudnn_sdp(args.cudnn_attention)  # cuDNN plans each new shape: evaluation has many
@@ -344,12 +331,11 @@ def main(args: argparse.Namespace) -> None:
     logger = MetricsLogger(out, info, pos, keep=pos.log_lines if same_run else 0, total=max_steps)
     n_params = sum(p.numel() for p in model.parameters())
     logger.start(args, info, "transformer", model_config=asdict(cfg), params=n_params, **stats, pack_len=pack_len,
-                 steps_per_epoch=round(sampler.steps_per_epoch, 2), rows_per_batch=sampler.rows,
-                 max_tokens_per_step=sampler.rows * pack_len * sampler.group, row_fill=sampler.fill)  # fmt: skip
-    how = f"{info.launcher}, FSDP2 by {args.fsdp}" if args.fsdp else info.launcher
+                 rows=sampler.rows, steps_per_epoch=sampler.steps_per_epoch, row_fill=sampler.fill)  # fmt: skip
+    fsdp_by = f", FSDP2 by {args.fsdp}" if args.fsdp else ""
     print0(f"transformer {args.preset} ({n_params / 1e6:.1f}M params) on {stats['train_pairs']} pairs | "
-           f"{info.world_size} process(es) on {device.type} ({how}) | {sampler.rows} x {pack_len} tokens x "
-           f"{info.world_size} x {args.accum_steps} per step, {sampler.fill:.1%} of them real | "
+           f"{info.world_size} process(es) on {device.type} ({info.launcher}{fsdp_by}) | {sampler.rows} x {pack_len} "
+           f"tokens x {info.world_size} x {args.accum_steps} per step, {sampler.fill:.1%} of them real | "
            f"{sampler.steps_per_epoch:.1f} steps/epoch | peak lr {args.lr:.4g}")  # fmt: skip
     writer = CheckpointWriter()
     save_at = partial(save, model=model, optimizer=optimizer, scaler=scaler, args=args, info=info, writer=writer,
