@@ -253,8 +253,8 @@ def log_eval(model, data, split: str, tok, args, info, dtype, logger: MetricsLog
 
 
 def main(args: argparse.Namespace) -> None:
-    # Hardening: one-line errors (check_args among them), preemption (exit 75), the stall watchdog, a lock on
-    # --output-dir, ranks that exit with their launcher. Without it the run trains, resumes and evaluates the same.
+    # Hardening: one-line errors (check_args's too), preemption (exit 75), the stall watchdog, a lock on --output-dir,
+    # ranks that exit with their launcher. Without it the run trains, resumes and evaluates the same; common/hardening.
     t_start = time.time()
     hardening.enable(args, check_args, writes=("tokenizer.json",))
     info = setup_distributed(args)  # [DDP 1] init the process group (any launcher) and pick this rank's device
