@@ -330,7 +330,7 @@ def transformer_corpus(tmp_path_factory) -> Path:
     def make(root: Path):
         import gzip
 
-        from transformer.data import synthetic_corpus
+        from text import synthetic_corpus
 
         for split, (a, b) in synthetic_corpus(1, (400, 30, 21)).items():
             for lang, lines in (("de", a), ("en", b)):

@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 ENTRY = {  # script -> (module, its __main__ entry point)
     "cifar": ("cifar_resnet.train", lambda m: lambda: m.main(m.get_args_parser().parse_args())),
     "imagenet": ("imagenet.train", lambda m: lambda: m.main(m.get_args_parser().parse_args())),
-    "transformer": ("transformer.train", lambda m: m.cli),
+    "transformer": ("transformer.train", lambda m: lambda: m.main(m.get_args_parser().parse_args())),
     "translate": ("transformer.translate", lambda m: lambda: m.main(m.get_args_parser().parse_args())),
     "doctor": ("scripts.doctor", lambda m: m.main),
 }
@@ -196,25 +196,25 @@ CASES = [
      "unreadable image {inet_bad}/train/class0/00002.jpg (not an image"),
     # ---- transformer
     ("transformer", TR, ["--heads", "3"], {}, "--heads 3 does not divide the width 64"),
-    ("transformer", TR, ["--d-model", "0"], {}, "--d-model 0 must be at least 1"),
-    ("transformer", TR, ["--layers", "0"], {}, "--layers 0 must be at least 1"),
+    ("transformer", TR, ["--d-model", "0"], {}, "argument --d-model: 0 must be at least 1"),
+    ("transformer", TR, ["--layers", "0"], {}, "argument --layers: 0 must be at least 1"),
     ("transformer", TR, ["--d-model", "4000000", "--heads", "1"], {}, "the model of 384040.40B parameters needs"),
-    ("transformer", TR, ["--dropout", "1.5"], {}, "--dropout 1.5 must be in [0, 1)"),
-    ("transformer", TR, ["--max-len", "0"], {}, "--max-len 0 must be in 1..1023"),
-    ("transformer", TR, ["--max-len", "5000"], {}, "--max-len 5000 must be in 1..1023"),
-    ("transformer", TR, ["--max-tokens", "0"], {}, "--max-tokens 0 must be at least 1"),
-    ("transformer", TR, ["--pack-len", "0"], {}, "--pack-len 0 must be at least 1"),
-    ("transformer", TR, ["--beam", "0"], {}, "--beam 0 must be at least 1"),
-    ("transformer", TR, ["--vocab-size", "2"], {}, "--vocab-size 2 must be at least 8"),
-    ("transformer", TR, ["--vocab-size", "1000000000"], {}, "--vocab-size 1000000000 must be at most 16777216"),
-    ("transformer", TR, ["--warmup-steps", "-1"], {}, "--warmup-steps -1 must be 0 or more"),
-    ("transformer", TR, ["--clip-grad", "-1"], {}, "--clip-grad -1.0 must be >= 0"),
-    ("transformer", TR, ["--lr", "-1"], {}, "--lr -1.0 must be a finite number above 0"),
-    ("transformer", TR, ["--label-smoothing", "2"], {}, "--label-smoothing 2.0 must be in [0, 1)"),
-    ("transformer", TR, ["-p", "0"], {}, "-p/--print-freq 0 must be at least 1"),
-    ("transformer", TR, ["--epochs", "0"], {}, "--epochs 0 must be at least 1"),
-    ("transformer", TR, ["--samples", "-1"], {}, "--samples -1 must be 0 or more"),
-    ("transformer", TR, ["--val-split", "-1"], {}, "--val-split -1 must be 0 or more"),
+    ("transformer", TR, ["--dropout", "1.5"], {}, "argument --dropout: 1.5 must be in [0, 1)"),
+    ("transformer", TR, ["--max-len", "0"], {}, "argument --max-len: 0 must be in 1..1023"),
+    ("transformer", TR, ["--max-len", "5000"], {}, "argument --max-len: 5000 must be in 1..1023"),
+    ("transformer", TR, ["--max-tokens", "0"], {}, "argument --max-tokens: 0 must be at least 1"),
+    ("transformer", TR, ["--pack-len", "0"], {}, "argument --pack-len: 0 must be at least 1"),
+    ("transformer", TR, ["--beam", "0"], {}, "argument --beam: 0 must be at least 1"),
+    ("transformer", TR, ["--vocab-size", "2"], {}, "argument --vocab-size: 2 must be in 8..16777216"),
+    ("transformer", TR, ["--vocab-size", "1000000000"], {}, "argument --vocab-size: 1000000000 must be in 8..16777216"),
+    ("transformer", TR, ["--warmup-steps", "-1"], {}, "argument --warmup-steps: -1 must be 0 or more"),
+    ("transformer", TR, ["--clip-grad", "-1"], {}, "argument --clip-grad: -1 must be a finite number >= 0"),
+    ("transformer", TR, ["--lr", "-1"], {}, "argument --lr: -1 must be a finite number above 0"),
+    ("transformer", TR, ["--label-smoothing", "2"], {}, "argument --label-smoothing: 2 must be in [0, 1)"),
+    ("transformer", TR, ["-p", "0"], {}, "argument -p/--print-freq: 0 must be at least 1"),
+    ("transformer", TR, ["--epochs", "0"], {}, "argument --epochs: 0 must be at least 1"),
+    ("transformer", TR, ["--samples", "-1"], {}, "argument --samples: -1 must be 0 or more"),
+    ("transformer", TR, ["--val-split", "-1"], {}, "argument --val-split: -1 must be 0 or more"),
     ("transformer", TR, ["--resume", "{html}"], {}, NOT_CKPT),
     ("transformer", TR, ["--resume", "none"], {}, "--resume none would overwrite the run in"),
     ("transformer", TR, ["--output-dir", "{tokdir}"], {}, "tokenizer.json is not a file, and a run writes its"),
@@ -248,7 +248,7 @@ CASES = [
     ("translate", ["--checkpoint", "{yaml}", "hallo"], [], {}, NOT_CKPT),
     ("translate", ["--checkpoint", "{html}", "hallo"], [], {}, NOT_CKPT),
     ("translate", ["--checkpoint", "{empty}", "hallo"], [], {}, "is not a checkpoint (an empty file"),
-    ("translate", ["--checkpoint", "{tmp}/nope.pt", "hallo"], [], {}, "checkpoint not found"),
+    ("translate", ["--checkpoint", "{tmp}/nope.pt", "hallo"], [], {}, "cannot read checkpoint {tmp}/nope.pt: No such"),
     ("translate", ["--checkpoint", "{good}/last.pt", "hallo"], [], {}, "is not a transformer/train.py checkpoint"),
     ("translate", ["--checkpoint", "{tr_tok}", "hallo"], [], {}, "holds no usable tokenizer: expected ident at line 1"),
     ("translate", ["--checkpoint", "{tr_cfg}", "hallo"], [], {}, "holds no usable model config: d_model must be a"),
@@ -259,8 +259,8 @@ CASES = [
     ("translate", ["--checkpoint", "x.pt", "--device", "cuda", "hallo"], [], {}, "but 0 CUDA GPU(s) are visible"),
     ("translate", ["--checkpoint", "x.pt", "--device", "cuda:3", "hallo"], [], {}, "--device cuda:3 but 0 CUDA"),
     ("translate", ["--checkpoint", "x.pt", "--device", "meta", "hallo"], [], {}, "--device meta is not supported"),
-    ("translate", ["--checkpoint", "x.pt", "--beam", "0", "hallo"], [], {}, "--beam 0 must be at least 1"),
-    ("translate", ["--checkpoint", "x.pt", "--max-tokens", "-1", "hi"], [], {}, "--max-tokens -1 must be at least 1"),
+    ("translate", ["--checkpoint", "x.pt", "--beam", "0", "hallo"], [], {}, "argument --beam: 0 must be at least 1"),
+    ("translate", ["--checkpoint", "x.pt", "--max-tokens", "-1", "hi"], [], {}, "--max-tokens: -1 must be at least 1"),
     ("translate", ["--checkpoint", "x.pt", "--input", "{text}", "hallo"], [], {}, "not both"),
     ("translate", ["--checkpoint", "x.pt", "--beam", "x"], [], {}, "argument --beam: invalid int value: 'x'"),
     ("translate", ["hallo"], [], {}, "the following arguments are required: --checkpoint"),
@@ -336,7 +336,7 @@ def paths(tmp_path_factory) -> dict[str, Path]:
     (p["inet_mixed"] / "val" / "b").mkdir(parents=True)
     p["inet_bad"] = make_jpeg_imagefolder(root / "inet_bad", {"train": 8, "val": 5}, classes=2, size=35)
     (p["inet_bad"] / "train" / "class0" / "00002.jpg").write_bytes(b"GIF89a, or not")
-    from transformer.data import synthetic_corpus
+    from text import synthetic_corpus
 
     pairs = synthetic_corpus(0, (40, 0, 0))["train"]
     for name, de, en in (("corpus", pairs[0], pairs[1]), ("corpus_latin1", ["Gr\xfc\xdfe"] * 40, pairs[1]),
@@ -422,7 +422,7 @@ def test_suspicious_data_warns_and_trains(paths, tmp_path, capsys):
     it, in native code that only a process's time limit stops)."""
     corpus = tmp_path / "c"
     corpus.mkdir()
-    from transformer.data import synthetic_corpus
+    from text import synthetic_corpus
 
     de, en = synthetic_corpus(0, (60, 0, 0))["train"]
     de[5], en[7], de[9] = "", "", "x" * 2_000_000

@@ -192,8 +192,10 @@ def test_preemption_at_any_moment_of_start_up(data, tmp_path, moment):
     if stops and "checkpoint saved" in stops[0]:
         assert (out / "last.pt").exists() and f"at step {torch.load(out / 'last.pt')['step']};" in stops[0], stops
     else:
-        assert moment != "the first step" and stops in ([], ["stopped by SIGTERM before the first step; nothing to "
-                                                             "save, rerun the same command to continue (exit 75)"])
+        assert moment != "the first step" and stops in (
+            [],
+            ["stopped by SIGTERM before the first step; nothing to save, rerun the same command to continue (exit 75)"],
+        )
     assert "done: step 10" in run(torchrun_cmd(2, *cmd), timeout=300).stdout
 
 

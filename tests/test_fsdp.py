@@ -18,7 +18,6 @@ import pytest
 import torch
 from conftest import PY, REPO, Evil, descendants_with_rank, free_port, popen, run, run_records, torchrun, torchrun_cmd
 
-sys.path.insert(0, str(REPO))
 pytest.importorskip("tokenizers")
 pytest.importorskip("sacrebleu")
 import torch.distributed.checkpoint as dcp  # noqa: E402
@@ -144,7 +143,7 @@ def test_ddp_checkpoint_starts_fsdp_and_translate_reads_best_pt(ddp, fsdp, tmp_p
 
     monkeypatch.setattr(sys, "argv", [TRAIN, *ARGS[1:], "--resume", str(fsdp / "last.pt"), "--output-dir", str(out)])
     with pytest.raises(SystemExit) as e:
-        train.run_cli(train.cli)
+        train.run_cli(train.main, train.get_args_parser().parse_args())
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and err.startswith("error: ") and "sharded checkpoint of an FSDP run" in err, err
     two = tmp_path / "two_layers"  # a DDP checkpoint of a deeper model: told by the weights it has in excess

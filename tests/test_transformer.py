@@ -14,16 +14,17 @@ from conftest import (
     REPO,
     assert_same_training_state,
     run,
+    run_records,
     torchrun,
+    transformer_corpus,
     transformer_reference,
 )
 
-sys.path.insert(0, str(REPO))
 pytest.importorskip("tokenizers")
 pytest.importorskip("sacrebleu")
 
-from common.distributed import mix_seed  # noqa: E402
-from transformer.data import (  # noqa: E402
+from seq2seq import PRESETS, ModelConfig, Transformer, generate, padding_mask  # noqa: E402  (conftest: the folders)
+from text import (  # noqa: E402
     EOS,
     PAD,
     PackedBatchSampler,
@@ -36,7 +37,9 @@ from transformer.data import (  # noqa: E402
     synthetic_corpus,
     train_tokenizer,
 )
-from transformer.model import PRESETS, ModelConfig, Transformer, generate, padding_mask  # noqa: E402
+
+from common.checkpoint import Position  # noqa: E402
+from common.distributed import mix_seed  # noqa: E402
 
 TRAIN = str(REPO / "transformer" / "train.py")
 TRANSLATE = str(REPO / "transformer" / "translate.py")
@@ -112,9 +115,8 @@ def test_packed_rows_equal_each_sentence_alone(flex):
     """Packed rows with document masks give every sentence the encoder states and logits it gets alone: the encoder
     mask (memory), and the decoder and cross-attention masks (logits). flex=True runs FlexAttention itself (its CPU
     forward) instead of the dense boolean masks that CPU training uses."""
+    import seq2seq as tm
     from torch.nn.attention.flex_attention import BlockMask
-
-    import transformer.model as tm
 
     model = tiny_model()
     src, tgt, rows, (s, t_in, t_out, s_doc, t_doc) = packed_example()
@@ -377,7 +379,7 @@ def test_text_dir_and_seeded_holdout(tmp_path):
 
 def test_hf_column_layouts(tmp_path):
     datasets = pytest.importorskip("datasets")
-    from transformer.data import read_saved_dataset
+    from text import read_saved_dataset
 
     rows = {"translation": [{"en": "a b", "it": "x y"}, {"en": "c", "it": "z"}]}
     datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows)}).save_to_disk(str(tmp_path / "dd"))
@@ -394,7 +396,7 @@ def train_in_process(monkeypatch, *args):
     import transformer.train as train
 
     monkeypatch.setattr(sys, "argv", [TRAIN, *map(str, args)])
-    train.run_cli(train.cli)
+    train.run_cli(train.main, train.get_args_parser().parse_args())
 
 
 @pytest.mark.learning
@@ -529,3 +531,75 @@ def test_compiled_model_and_loss_train_like_eager_under_ddp(eager_ddp, tmp_path)
     assert len(losses["eager"]) == 2 and losses["eager"] == pytest.approx(losses["compiled"], rel=1e-4), losses
     assert splits == {"eager": {"train", "val", "test"}, "compiled": {"train"}}, splits
     assert (eager_ddp / "best.pt").exists() and not (tmp_path / "best.pt").exists()
+
+
+# ------------------------------------------------------------------ resume on another world size
+
+
+def test_another_world_size_ends_the_epoch_in_progress(capsys):
+    """A checkpoint of other steps (another world size or accumulation) ends its epoch where it stands, every
+    micro-batch of it done, so that its evaluation and checkpoint come next; its loss window (of the old steps) is
+    dropped. The same world size and accumulation continue exactly, and a checkpoint at an epoch's start stays there."""
+    import transformer.train as train
+
+    ckpt = {"world_size": 2, "args": {"accum_steps": 1}, "window": {"sums": torch.ones(2), "n": 5}}
+    pos = Position(epoch=1, step=7, batch_in_epoch=3)
+    assert train.continue_at_next_epoch(pos, ckpt, 2, 1, epoch_end=10) is ckpt and pos.batch_in_epoch == 3
+    assert capsys.readouterr().out == ""
+    got = train.continue_at_next_epoch(pos, ckpt, 3, 1, epoch_end=10)
+    assert (pos.epoch, pos.batch_in_epoch, pos.step) == (1, 10, 7) and "window" not in got
+    assert "world size 2 x accum 1, now 3 x 1; continuing at the next epoch boundary" in capsys.readouterr().out
+    pos = Position(epoch=2, step=9)
+    assert "window" not in train.continue_at_next_epoch(pos, ckpt, 2, 2, epoch_end=10) and pos.batch_in_epoch == 0
+
+
+# the local corpus (400 pairs, 30 val, 21 test): one row a micro-batch, 27 steps an epoch on 2 processes
+WORLD = ["--lang-src", "de", "--lang-tgt", "en", "--preset", "tiny", "--layers", "1", "--vocab-size", "200",
+         "--max-tokens", "256", "-j", "0", "-p", "1", "--samples", "0"]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("evaluated", [True, False])
+def test_another_world_size_at_the_last_epochs_end_ends_cleanly(evaluated, tmp_path_factory, tmp_path, monkeypatch):
+    """1 process to step 2 of a 1-epoch run, then 2 processes to step 4: they deal other steps, so the run continues
+    at the next epoch boundary, its end. With the evaluation at step 2 recorded (the first leg's final one) nothing is
+    left to do and no file changes; without it (the first leg ran --eval-every 0) the second leg evaluates, val and
+    test once, saves and is done, and a rerun has nothing to do. (Not an empty epoch trained, nor a ZeroDivisionError
+    on every rank.)"""
+    data, out = transformer_corpus(tmp_path_factory), tmp_path / "run"
+    cmd = [TRAIN, "--data", data, *WORLD, "--epochs", "1", "--output-dir", out]
+    train_in_process(monkeypatch, *cmd[1:], "--max-steps", "2", *([] if evaluated else ["--eval-every", "0"]))
+    files = lambda: {f.name: f.read_bytes() for f in out.iterdir() if f.name != ".lock"}  # noqa: E731
+    before, records = files(), run_records(out)
+    log = torchrun(2, *cmd, "--max-steps", "4").stdout
+    assert "world size 1 x accum 1, now 2 x 1; continuing at the next epoch boundary" in log, log[-3000:]
+    if evaluated:
+        assert "done: step 2 (already finished: nothing to do)" in log and files() == before, log[-3000:]
+        return
+    assert "done: step 2, best val BLEU" in log, log[-3000:]
+    evaluations = [(r["split"], r["epoch"], r["step"]) for r in run_records(out)[len(records) :]]
+    assert evaluations == [("val", 1, 2), ("test", 1, 2)]
+    ckpt = torch.load(out / "last.pt", weights_only=True)
+    assert (ckpt["epoch"], ckpt["batch_in_epoch"], ckpt["step"], ckpt["world_size"]) == (1, 0, 2, 2)
+    assert (out / "best.pt").exists()
+    before = files()
+    assert "already finished: nothing to do" in torchrun(2, *cmd, "--max-steps", "4").stdout and files() == before
+
+
+@pytest.mark.slow
+def test_another_world_size_mid_run_continues_after_that_epochs_end(tmp_path_factory, tmp_path, monkeypatch):
+    """1 process to step 2 of epoch 0 of 2 (no evaluation there), then 2 processes to the end: epoch 0 ends at step 2
+    with its evaluation and checkpoint, then epoch 1 trains each of its steps on 2 processes once, and the final
+    evaluation, val and test, ends the run at (epoch 2, batch 0)."""
+    data, out = transformer_corpus(tmp_path_factory), tmp_path / "run"
+    cmd = [TRAIN, "--data", data, *WORLD, "--epochs", "2", "--output-dir", out]
+    train_in_process(monkeypatch, *cmd[1:], "--max-steps", "2", "--eval-every", "0")
+    n = len(run_records(out))
+    torchrun(2, *cmd)
+    rows = round(json.loads((out / "config.json").read_text())["steps_per_epoch"] * 2)  # one row a rank a step
+    last = 2 + rows - -(-rows // 2)  # the steps that deal epoch 1's rows: ceil(2 rows / 2) - ceil(rows / 2)
+    records = [(r["split"], r["epoch"], r["step"]) for r in run_records(out)[n:]]
+    assert [r for r in records if r[0] != "train"] == [("val", 1, 2), ("val", 2, last), ("test", 2, last)], records
+    assert [r for r in records if r[0] == "train"] == [("train", 1, s) for s in range(3, last + 1)], records
+    ckpt = torch.load(out / "last.pt", weights_only=True)
+    assert (ckpt["epoch"], ckpt["batch_in_epoch"], ckpt["step"], ckpt["world_size"]) == (2, 0, last, 2)

@@ -5,7 +5,6 @@ same one-line text."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from dataclasses import asdict
 from types import SimpleNamespace
 
@@ -13,12 +12,11 @@ import pytest
 import torch
 from conftest import PY, REPO, run
 
-sys.path.insert(0, str(REPO))
 pytest.importorskip("tokenizers")
 pytest.importorskip("sacrebleu")
 
-from transformer.data import synthetic_corpus, train_tokenizer  # noqa: E402
-from transformer.model import PRESETS, ModelConfig, Transformer  # noqa: E402
+from seq2seq import PRESETS, ModelConfig, Transformer  # noqa: E402  (conftest: the scripts' folders)
+from text import synthetic_corpus, train_tokenizer  # noqa: E402
 
 TRANSLATE = str(REPO / "transformer" / "translate.py")
 # every character str.splitlines() ends a line at, "\n" (the only one `wc -l` counts) last
@@ -90,9 +88,22 @@ def test_failed_run_leaves_output_untouched(checkpoint, tmp_path):
     assert out.read_text() == "old\n" and [f.name for f in tmp_path.iterdir()] == ["hyp.en"]
 
 
+def test_non_finite_weights_are_one_line(checkpoint, tmp_path):
+    """A checkpoint whose weights hold a NaN or an infinity (it would translate every sentence to nothing) is
+    refused: one error line naming the tensor, exit 2, no output."""
+    for bad in (float("nan"), float("-inf")):
+        ckpt = torch.load(checkpoint, weights_only=True)
+        ckpt["model"]["decoder.0.ff.fc1.weight"][3, 1] = bad
+        torch.save(ckpt, tmp_path / "bad.pt")
+        p = run([PY, TRANSLATE, "--checkpoint", tmp_path / "bad.pt", "ein Hund", "eine Katze"], check=False)
+        want = f"error: {tmp_path / 'bad.pt'} holds non-finite weights (decoder.0.ff.fc1.weight has NaN or inf) ("
+        assert p.returncode == 2 and p.stdout == "" and p.stderr.startswith(want) and p.stderr.count("\n") == 1, p
+
+
 def test_validation_bleu_scores_one_line_hypotheses():
     """train.py's evaluate() normalises hypotheses and references the way translate.py writes them."""
-    from transformer.data import encode
+    from text import encode
+
     from transformer.train import evaluate
 
     model, tok, _ = breaking_model()

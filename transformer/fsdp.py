@@ -2,13 +2,8 @@
 
 Under DDP every rank holds the whole model, its gradients and Adam's two moments: 16 bytes a parameter. FSDP2
 (`fully_shard`) keeps 1/N of each on each of N ranks, and gathers one layer's weights (--fsdp model: all of them)
-just before its forward and backward. torch.distributed.fsdp and .checkpoint are imported where used: only --fsdp
-needs them, and they import slowly.
-
-A checkpoint is two things: `last.pt` (or `best.pt`), the small file of everything but the weights and optimizer
-state, in the schema of every other run (common/checkpoint.py), naming `last.<step>-<tag>.dcp/`, the directory of
-shards that every rank wrote its own part of. A resume on another number of ranks reads the parts it needs.
-"""
+just before its forward and backward. `last.pt` (or `best.pt`) holds the rest and names `last.<step>-<tag>.dcp/`,
+the shards each rank wrote, which any number of ranks reads back. torch.distributed's modules load slowly: lazily."""
 
 from __future__ import annotations
 
@@ -18,29 +13,23 @@ import pickle
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from common.checkpoint import save_checkpoint, strip_prefixes
-from common.distributed import broadcast_object, is_dist
+from common.distributed import broadcast_object
 from common.errors import UserError
-
-if TYPE_CHECKING:
-    from torch.distributed.fsdp import FSDPModule
 
 
 def shard(model: torch.nn.Module, dtype: torch.dtype | None, device: torch.device, unit: str) -> torch.nn.Module:
-    """``unit`` "layer": each encoder and decoder layer one unit (its weights gathered for its forward and backward,
-    then freed), the embedding and final norms the root's. "model": the root's one unit, gathered once a step and
-    kept through the backward. Each unit costs host time a step (its hooks, copies and collectives): small layers,
-    as in `base`, compute in less time than that, and the GPU waits. The model comes from host memory and goes to
-    ``device`` a layer at a time, each layer unit sharded before the next one moves. Under bf16 the weights are
-    gathered and used in bf16, the gradients reduced in fp32; the fp32 master copy stays sharded."""
+    """``unit`` "layer": each encoder and decoder layer one unit (gathered for its forward and backward, then freed),
+    the embedding and final norms the root's. "model": the root's one unit, gathered once a step (each unit costs host
+    time a step: small layers, as in `base`, compute in less, and the GPU waits). The model goes from the host to
+    ``device`` a layer at a time. Under bf16 the weights are gathered in bf16, the gradients reduced in fp32."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    if not is_dist() or dist.get_world_size() == 1:
+    if not dist.is_initialized():
         raise UserError("--fsdp needs 2 or more processes (torchrun --nproc_per_node=N ...)")
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
     for layer in [*model.encoder, *model.decoder]:
@@ -63,7 +52,7 @@ def _from_rank0(module: torch.nn.Module) -> None:
 
 
 @contextlib.contextmanager
-def no_sync(model: FSDPModule):
+def no_sync(model: torch.nn.Module):
     """Micro-batches that do not step keep their gradients unsharded and unreduced, like DDP's no_sync."""
     model.set_requires_gradient_sync(False)
     try:
@@ -73,11 +62,10 @@ def no_sync(model: FSDPModule):
 
 
 @contextlib.contextmanager
-def whole_weights(model: FSDPModule):
-    """Every rank holds all the weights for evaluation: ranks decode different numbers of batches and steps, so no
-    forward may wait for the others. Gathered once, in the same order everywhere; the gradients and optimizer
-    state stay sharded. Decoding calls the layers without the root's forward, which is fine once the root has run
-    forward (evaluate() computes the loss first)."""
+def whole_weights(model: torch.nn.Module):
+    """Every rank holds all the weights for evaluation (ranks decode different numbers of batches: no forward may
+    wait for the others), gathered once, in one order everywhere. Decoding calls the layers without the root's
+    forward, fine once the root has run forward (evaluate() computes the loss first)."""
     from torch.distributed.fsdp import FSDPModule
 
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]  # the root first
@@ -93,11 +81,10 @@ def whole_weights(model: FSDPModule):
 
 
 def save(state: dict, model, optimizer, path: Path, whole: bool) -> None:
-    """`path` and its directory of shards, called by every rank. Each rank writes its shards of the weights and the
-    optimizer state into a temporary directory; rank 0 renames it into place once every rank is done, then writes
-    `path` (``state`` without the tensors, naming the shards) atomically, then removes the older shards and
-    temporaries. A kill at any moment leaves the previous checkpoint whole. ``whole``: `path` also holds the whole
-    model for translate.py, gathered tensor by tensor into rank 0's host memory."""
+    """`path` and its directory of shards, by every rank: each writes its shards of the weights and optimizer state
+    into a temporary directory, which rank 0 renames into place once all are done, then writes `path` (``state`` less
+    the tensors, naming the shards), then removes older shards: a kill leaves the previous checkpoint whole.
+    ``whole``: `path` also holds the whole model for translate.py."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
 
@@ -105,8 +92,8 @@ def save(state: dict, model, optimizer, path: Path, whole: bool) -> None:
     tmp, final = path.with_name(f".{path.stem}.{tag}.dcp"), path.with_name(f"{path.stem}.{tag}.dcp")
     model_state, optim_state = get_state_dict(model, optimizer)
     dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=tmp)  # returns once all ranks wrote
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    weights = get_model_state_dict(model, options=options) if whole else {}
+    whole_options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered tensor by tensor to the host
+    weights = get_model_state_dict(model, options=whole_options) if whole else {}
     if dist.get_rank() == 0:
         os.replace(tmp, final)
         save_checkpoint({**state, "model": weights, "optimizer": {}, "shards": final.name}, path)
@@ -132,9 +119,8 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 def _shard_reader(path: Path, ckpt: dict) -> tuple:
-    """A reader of the directory of shards that ``ckpt`` (read from ``path``) names, once its `.metadata` has been
-    read safely and every file it lists is there, whole. Values that are not tensors, such as the learning rate,
-    must load with `weights_only=True` too."""
+    """A reader of the shards that ``ckpt`` (read from ``path``) names, once its `.metadata` is read safely and every
+    file it lists is there, whole; values that are not tensors (the LR) must load with `weights_only=True` too."""
     from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
@@ -185,32 +171,26 @@ def load(path: Path, ckpt: dict, model, optimizer) -> None:
     """The weights and optimizer state of ``ckpt`` into the sharded model and optimizer: an FSDP checkpoint's shards
     (resharded to this number of ranks), or a single-file checkpoint of a DDP run (every rank keeps its part)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-        set_state_dict,
-    )
+    import torch.distributed.checkpoint.state_dict as sd
 
     try:
         if "shards" in ckpt:
             reader, planner = _shard_reader(path, ckpt)
-            model_state, optim_state = get_state_dict(model, optimizer)
+            model_state, optim_state = sd.get_state_dict(model, optimizer)
             state = {"model": model_state, "optimizer": optim_state}
             dcp.load(state, storage_reader=reader, planner=planner)
-            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+            sd.set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
             return
         # a DDP run's single file: the weights first, so that a model of another size is told by its first tensor
-        whole = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(model, strip_prefixes(ckpt["model"]), options=whole)
+        whole = sd.StateDictOptions(full_state_dict=True)
+        sd.set_model_state_dict(model, strip_prefixes(ckpt["model"]), options=whole)
         # the DDP optimizer's state is keyed by position in the parameter groups: name each by its parameter
         names = {p: n for n, p in model.named_parameters()}
         fqn = [names[p] for group in optimizer.param_groups for p in group["params"]]
         saved = ckpt["optimizer"]
         groups = [{**g, "params": [fqn[i] for i in g["params"]]} for g in saved["param_groups"]]
         optim_state = {"state": {fqn[i]: s for i, s in saved["state"].items()}, "param_groups": groups}
-        set_optimizer_state_dict(model, optimizer, optim_state, options=whole)
+        sd.set_optimizer_state_dict(model, optimizer, optim_state, options=whole)
     except (RuntimeError, ValueError, KeyError, IndexError, dcp.CheckpointException) as e:
         cause = next(iter(e.failures.values()))[0] if isinstance(e, dcp.CheckpointException) else e  # one rank's
         if isinstance(cause, UserError):

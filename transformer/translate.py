@@ -5,38 +5,32 @@ r"""Translate sentences with a checkpoint of transformer/train.py.
     python transformer/translate.py --checkpoint runs/transformer/best.pt --input test.de --output test.hyp
 
 The checkpoint carries the tokenizer and the model config, so nothing else is needed. Decoding is the
-same code as validation (model.translate_ids: greedy, or beam search with --beam N).
+same code as validation (seq2seq.translate_ids: greedy, or beam search with --beam N).
 
 Exactly one output line per input line, in order, for any reader: a line ends at "\n" only, and every
 other character some tool ends a line at (\r, \v, \f, \x1c-\x1e, \x85, \u2028, \u2029) becomes a space,
-in the input and in the translation (data.one_line, which validation BLEU uses too). An empty input line
+in the input and in the translation (text.one_line, which validation BLEU uses too). An empty input line
 gives an empty output line. --output appears whole or not at all.
 """
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # a faster start: no cyclic GC during the imports (BENCHMARKS.md "Process start-up")
-    __import__("gc").disable()
-
 import argparse
-import gc
 import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
-if not __package__:  # run as a script: import this folder as a package, whatever it is called, and find common/
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    __package__ = Path(__file__).resolve().parent.name
-from common.checks import check_positive_ints, need
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # common/ sits beside this folder
+from seq2seq import ModelConfig, Transformer, translate_ids
+from text import decode, encode, load_tokenizer, one_line, read_lines
 
-from common.checkpoint import atomic_write, load_checkpoint, load_model_state
+from common.args import POSITIVE
+from common.checkpoint import atomic_write, load_model_state
 from common.errors import UserError, run_cli
+from common.hardening.checks import check_checkpoint
 from common.utils import amp_dtype
-
-from .data import decode, encode, load_tokenizer, one_line, read_lines
-from .model import ModelConfig, Transformer, allow_cudnn_attention, translate_ids
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -45,8 +39,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", default=None, help="UTF-8 text file (or .gz), one sentence per line (default: stdin)")
     p.add_argument("--output", default=None, help="write the translations here, atomically (default: stdout)")
     p.add_argument("--checkpoint", required=True, help="last.pt or best.pt written by transformer/train.py")
-    p.add_argument("--beam", type=int, default=1, help="beam size (1: greedy)")
-    p.add_argument("--max-tokens", type=int, default=8192, help="source tokens per batch x beam")
+    p.add_argument("--beam", type=POSITIVE, default=1, help="beam size (1: greedy)")
+    p.add_argument("--max-tokens", type=POSITIVE, default=8192, help="source tokens per batch x beam")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda if available)")
     p.add_argument("--amp", choices=("auto", "bf16", "fp16", "none"), default="auto", help="auto: bf16 on GPU")
     return p
@@ -54,14 +48,15 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 def check_args(args: argparse.Namespace) -> torch.device:
     """Every flag's value before the checkpoint is read; returns the device."""
-    check_positive_ints(args, "beam", "max_tokens")
     if args.sentences and args.input:
         raise UserError("give sentences as arguments or --input FILE, not both")
     if args.output:
         out = Path(args.output)
-        need(not out.is_dir(), "--output", args.output, "is a directory", "name a file to write")
+        if out.is_dir():
+            raise UserError(f"--output {args.output} is a directory (name a file to write)")
         parent = next((q for q in out.parents if q.exists()), None)
-        need(parent is None or parent.is_dir(), "--output", args.output, f"is under the file {parent}", "fix the path")
+        if parent is not None and not parent.is_dir():
+            raise UserError(f"--output {args.output} is under the file {parent} (fix the path)")
         try:  # a directory it cannot write in fails now, not after the translating
             tempfile.TemporaryFile(dir=parent).close()
         except OSError as e:
@@ -70,10 +65,11 @@ def check_args(args: argparse.Namespace) -> torch.device:
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     except RuntimeError:
         raise UserError(f"--device {args.device} is not a device (cpu, cuda or cuda:N)") from None
-    need(device.type in ("cpu", "cuda", "xpu", "mps"), "--device", args.device, "is not supported", "cpu or cuda:N")
-    if device.type == "cuda":
-        n = torch.cuda.device_count()
-        need(n > (device.index or 0), "--device", args.device, f"but {n} CUDA GPU(s) are visible", "use --device cpu")
+    if device.type not in ("cpu", "cuda", "xpu", "mps"):
+        raise UserError(f"--device {args.device} is not supported (cpu or cuda:N)")
+    if device.type == "cuda" and torch.cuda.device_count() <= (device.index or 0):
+        raise UserError(f"--device {args.device} but {torch.cuda.device_count()} CUDA GPU(s) are visible (use --device "
+                        "cpu)")  # fmt: skip
     return device
 
 
@@ -83,11 +79,16 @@ def main(args: argparse.Namespace) -> None:
         import tokenizers  # noqa: F401  (load_tokenizer imports it)
     except ImportError:
         raise UserError("translate.py needs the tokenizers package (pip install tokenizers)") from None
-    ckpt = load_checkpoint(args.checkpoint)  # weights_only: a foreign file cannot run code
+    check_checkpoint(Path(args.checkpoint))  # hardening: not a checkpoint of ours (or pickled code) is one line
+    ckpt = torch.load(args.checkpoint, map_location="cpu", weights_only=True)  # tensors and numbers: runs no code
     if "tokenizer" not in ckpt or "model_config" not in ckpt:
         raise UserError(f"{args.checkpoint} is not a transformer/train.py checkpoint (no tokenizer or model config)")
     if "shards" in ckpt and not ckpt["model"]:
         raise UserError(f"{args.checkpoint} is an --fsdp run's last.pt, whose weights are in shards: give its best.pt")
+    bad = [k for k, v in ckpt["model"].items() if torch.is_floating_point(v) and not v.isfinite().all()]
+    if bad:  # they would translate every sentence to nothing
+        raise UserError(f"{args.checkpoint} holds non-finite weights ({bad[0]} has NaN or inf) (translate with an "
+                        "earlier checkpoint, e.g. a step_*.pt of --keep-last)")  # fmt: skip
     tok = load_tokenizer(ckpt["tokenizer"], args.checkpoint)
     try:
         model = Transformer(ModelConfig(**ckpt["model_config"]))
@@ -97,7 +98,7 @@ def main(args: argparse.Namespace) -> None:
                         "transformer/train.py wrote)") from None  # fmt: skip
     load_model_state(model, ckpt["model"], args.checkpoint)
     model.to(device).eval()
-    allow_cudnn_attention(False)  # decoding brings a new shape every step: cuDNN would plan each one
+    torch.backends.cuda.enable_cudnn_sdp(False)  # decoding brings a new shape every step: cuDNN would plan each one
 
     # read_lines ends a line at "\n" only (and drops a "\r" before it): the line count `wc -l` gives
     sentences = args.sentences or read_lines(Path(args.input or "/dev/stdin"))
@@ -113,6 +114,7 @@ def main(args: argparse.Namespace) -> None:
     if not text.count("\n") == len(text.splitlines()) == len(sentences):  # a bug, never the user's input
         raise RuntimeError(f"{len(sentences)} input lines but {len(text.splitlines())} output lines")
     if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         with atomic_write(args.output) as f:
             f.write(text.encode())
     else:
@@ -121,6 +123,4 @@ def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    gc.freeze()  # what the imports built lives as long as the process: keep it out of every later collection
-    gc.enable()
-    run_cli(lambda: main(get_args_parser().parse_args()))
+    run_cli(main, get_args_parser().parse_args())

@@ -1,23 +1,24 @@
 """An encoder-decoder Transformer for translation: pre-norm, sinusoidal positions, one embedding matrix for source,
-target and output. B batch, S source length, T target length, D width, H heads, V vocabulary.
-
-Packed training rows carry a document id per token: positions count from each sentence's start, and
-``document_masks`` keeps every sentence to itself (FlexAttention block masks on GPUs, dense masks for SDPA
-elsewhere). Padded batches (evaluation, decoding) hold one sentence per row."""
+target and output. B batch, S source length, T target length, D width, H heads, V vocabulary. Packed training rows
+carry a document id per token: positions count from each sentence's start, and ``document_masks`` keeps every
+sentence to itself (FlexAttention block masks on GPUs, dense masks for SDPA elsewhere). Padded batches (evaluation,
+decoding) hold one sentence per row."""
 
 from __future__ import annotations
 
 import functools
 import math
+import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from text import BOS, EOS, PAD, token_batches
+from torch.nn.utils.rnn import pad_sequence
 
-from common.utils import autocast
-
-from .data import BOS, EOS, PAD, pad_batch, token_batches
+from common.errors import UserError
 
 
 @dataclass
@@ -40,16 +41,27 @@ PRESETS = {
 }
 
 
-def allow_cudnn_attention(allow: bool) -> None:
-    """Whether SDPA may use cuDNN attention: PyTorch's first pick on H100, but each new input shape costs it a new
-    plan, and evaluation and decoding bring new shapes all the time."""
-    torch.backends.cuda.enable_cudnn_sdp(allow)
+def model_config(args, vocab_size: int) -> ModelConfig:
+    """The preset, with the flags that override it."""
+    overrides = {"d_model": args.d_model, "n_heads": args.heads, "d_ff": args.d_ff, "dropout": args.dropout}
+    overrides.update(enc_layers=args.layers, dec_layers=args.layers)
+    return ModelConfig(vocab_size, **{**PRESETS[args.preset], **{k: v for k, v in overrides.items() if v is not None}})
 
 
-# FlexAttention is imported on first use (GPU training on packed rows): at import it costs seconds of start-up.
+def check_size(cfg: ModelConfig) -> None:
+    """Every rank builds the whole model on the host before it moves or shards it (and on a CPU trains it there,
+    with gradients and AdamW's two moments): a model that cannot fit would be killed by the kernel without a word."""
+    if not hasattr(os, "sysconf"):  # Windows: no portable figure for the host's memory
+        return
+    with torch.device("meta"):  # shapes only: no memory
+        n = sum(p.numel() for p in Transformer(cfg).parameters())
+    size, host = n * (4 if torch.cuda.is_available() else 16), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if size > host:
+        raise UserError(f"the model of {n / 1e9:.2f}B parameters needs {size / 2**30:.0f} GiB on the host, which has "
+                        f"{host / 2**30:.0f} GiB (lower --d-model, --d-ff, --layers or --vocab-size)")  # fmt: skip
 
 
-@functools.cache
+@functools.cache  # FlexAttention is imported on first use (GPU training on packed rows): it imports slowly
 def compiled(fn):
     """torch.compile(fn) for an eager model on a GPU, made once (a compiled model traces the plain function)."""
     return torch.compile(fn, dynamic=False)
@@ -69,19 +81,15 @@ def document_masks(src_doc, tgt_doc, dense: bool | None = None) -> tuple:
         return tgt_doc[b, q] == src_doc[b, kv]
 
     make = dense_mask if (not src_doc.is_cuda if dense is None else dense) else block_mask
-    return (
-        make(within_document, src_doc, src_doc),
-        make(causal_within_document, tgt_doc, tgt_doc),
-        make(to_own_source, tgt_doc, src_doc),
-    )
+    return (make(within_document, src_doc, src_doc), make(causal_within_document, tgt_doc, tgt_doc),
+            make(to_own_source, tgt_doc, src_doc))  # fmt: skip
 
 
 def block_mask(mask_mod, q_doc, kv_doc):
     """FlexAttention's block-sparse form of mask_mod: 128 x 128 blocks, skipped where no pair may attend."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    B, Lq, Lkv = q_doc.shape[0], q_doc.shape[1], kv_doc.shape[1]
-    return create_block_mask(mask_mod, B, None, Lq, Lkv, device=q_doc.device)
+    return create_block_mask(mask_mod, q_doc.shape[0], None, q_doc.shape[1], kv_doc.shape[1], device=q_doc.device)
 
 
 def dense_mask(mask_mod, q_doc, kv_doc) -> torch.Tensor:
@@ -109,10 +117,8 @@ class Attention(nn.Module):
     def __init__(self, d_model: int, n_heads: int):
         super().__init__()
         assert d_model % n_heads == 0, "d_model must be a multiple of n_heads"
-        self.n_heads = n_heads
-        self.q = nn.Linear(d_model, d_model)
-        self.kv = nn.Linear(d_model, 2 * d_model)
-        self.out = nn.Linear(d_model, d_model)
+        self.n_heads, self.q = n_heads, nn.Linear(d_model, d_model)
+        self.kv, self.out = nn.Linear(d_model, 2 * d_model), nn.Linear(d_model, d_model)
 
     def forward(self, x, memory=None, mask=None, causal: bool = False):
         # mask: a BlockMask, or a bool tensor broadcastable to (B, H, T, S), True where a query may attend
@@ -168,12 +174,10 @@ class DecoderLayer(nn.Module):
         return x + self.drop(self.ff(self.norm3(x)))
 
 
-def sinusoids(length: int, d_model: int) -> torch.Tensor:
-    pos = torch.arange(length, dtype=torch.float32)[:, None]
+def sinusoids(length: int, d_model: int) -> torch.Tensor:  # (length, d_model): sin, cos, sin, cos, ...
     freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
-    pe = torch.zeros(length, d_model)
-    pe[:, 0::2], pe[:, 1::2] = torch.sin(pos * freq), torch.cos(pos * freq)
-    return pe
+    angle = torch.arange(length, dtype=torch.float32)[:, None] * freq
+    return torch.stack([angle.sin(), angle.cos()], -1).flatten(1)
 
 
 class Transformer(nn.Module):
@@ -232,17 +236,23 @@ class Transformer(nn.Module):
         return self.decode(tgt_in, memory, cross_mask, dec_mask, positions_in_documents(tgt_doc))
 
 
+def token_loss(logits: torch.Tensor, tgt_out: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Summed token cross-entropy of a batch's logits (B, T, V), <pad> targets left out. Compiled (--compile), the loss
+    over the whole vocabulary (the largest activation) fuses into a few kernels."""
+    return F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, label_smoothing=label_smoothing,
+                           reduction="sum")  # fmt: skip
+
+
 @torch.no_grad()
 def generate(model: Transformer, src: torch.Tensor, beam: int = 1, max_len: int | None = None) -> list[list[int]]:
     """Translate a padded batch src (B, S) -> B lists of token ids: greedy, or beam search with length-normalized
     scores. Each step re-runs the decoder over the prefix (no key/value cache: simpler, cheap for sentences)."""
-    B = src.shape[0]
+    B, K = src.shape[0], beam
     max_len = min(max_len or int(1.5 * src.shape[1]) + 10, model.cfg.max_positions - 1)
     src_mask = padding_mask(src)
     memory = model.encode(src, src_mask)
     if beam > 1:  # every sentence gets `beam` rows: (B*K, ...)
         memory, src_mask = memory.repeat_interleave(beam, 0), src_mask.repeat_interleave(beam, 0)
-    K = beam
     ys = torch.full((B * K, 1), BOS, dtype=torch.long, device=src.device)  # prefixes, (B*K, t)
     done = torch.zeros(B * K, dtype=torch.bool, device=src.device)
     scores = torch.zeros(B, K, device=src.device)  # summed log-probs of each hypothesis
@@ -268,22 +278,20 @@ def generate(model: Transformer, src: torch.Tensor, beam: int = 1, max_len: int 
         lengths = (ys[:, 1:] != PAD).sum(1).clamp(min=1).view(B, K)
         best = (scores / lengths).argmax(1)
         ys = ys.view(B, K, -1)[torch.arange(B, device=src.device), best]
-    out = []
-    for row in ys[:, 1:].tolist():
-        out.append(row[: row.index(EOS)] if EOS in row else [t for t in row if t != PAD])
-    return out
+    return [row[: row.index(EOS)] if EOS in row else [t for t in row if t != PAD] for row in ys[:, 1:].tolist()]
 
 
-def translate_ids(model, sources: list[list[int]], max_tokens: int, beam: int = 1, dtype=None) -> list[list[int]]:
-    """Translate token-id sentences in length-sorted token-budget batches; results in input order."""
+def translate_ids(model, sources: list[list[int]], max_tokens: int, beam: int = 1, dtype=None,
+                  watch: Callable[[Iterable], Iterable] = iter) -> list[list[int]]:  # fmt: skip
+    """Translate token-id sentences in length-sorted token-budget batches (each seen by ``watch``); results in input
+    order."""
     device = next(model.parameters()).device
-    lengths = [len(s) + 1 for s in sources]
-    order = sorted(range(len(sources)), key=lengths.__getitem__)
-    out: list[list[int]] = [[] for _ in sources]
-    for batch in token_batches(order, lengths, max(1, max_tokens // beam)):
-        src = pad_batch([sources[i] + [EOS] for i in batch]).to(device)
-        with autocast(device, dtype):
-            hyps = generate(model, src, beam)
+    lengths, out = [len(s) + 1 for s in sources], [[] for _ in sources]
+    for batch in watch(token_batches(sorted(range(len(sources)), key=lengths.__getitem__), lengths,
+                                     max(1, max_tokens // beam))):  # fmt: skip
+        src = pad_sequence([torch.tensor(sources[i] + [EOS]) for i in batch], batch_first=True, padding_value=PAD)
+        with torch.autocast(device.type, dtype, enabled=dtype is not None):
+            hyps = generate(model, src.to(device), beam)
         for i, h in zip(batch, hyps):
             out[i] = h
     return out

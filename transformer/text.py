@@ -1,21 +1,20 @@
 """Parallel text in (``load_corpus``), a joint tokenizer, packed training rows (``PackedBatchSampler``,
-``PackedRows``) and padded evaluation batches (``collate``, ``token_batches``) out. Ids 0-3 are <pad> <unk> <s>
+``PackedRows``) and padded evaluation batches (``padded_batches``) out. Ids 0-3 are <pad> <unk> <s>
 </s>; a source is ``ids + </s>``, the decoder reads ``<s> + ids`` and predicts ``ids + </s>``."""
 
 from __future__ import annotations
 
 import gzip
 import itertools
-import os
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset, Sampler
 
-from common.checkpoint import Position
 from common.distributed import DistInfo, broadcast_object, mix_seed, print0
 from common.errors import UserError
 
@@ -23,6 +22,7 @@ SPECIALS = ["<pad>", "<unk>", "<s>", "</s>"]
 PAD, UNK, BOS, EOS = range(4)
 VAL_NAMES = ("val", "valid", "validation", "dev")  # all mean "val" here
 Splits = dict[str, tuple[list[str], list[str]]]  # split -> (source sentences, target sentences)
+CHARS_PER_TOKEN = 16  # a side longer than this x --max-len in characters cannot fit --max-len tokens in practice
 
 
 def load_corpus(args, info: DistInfo) -> Splits:
@@ -38,16 +38,13 @@ def load_corpus(args, info: DistInfo) -> Splits:
         elif path.exists():
             raise UserError(f"--data {args.data} is a file; give the directory that holds train.{args.lang_src}[.gz]")
         elif args.data.startswith(("/", ".", "~")) or args.data.count("/") > 1:
-            raise UserError(
-                f"--data {args.data}: no such directory (expected a dir with train.{args.lang_src}[.gz] and "
-                f"train.{args.lang_tgt}[.gz], a save_to_disk dir, or a Hugging Face dataset name)"
-            )
+            raise UserError(f"--data {args.data}: no such directory (expected a dir with train.{args.lang_src}[.gz]"
+                            f" and train.{args.lang_tgt}[.gz], a save_to_disk dir, or a Hugging Face dataset "
+                            "name)")  # fmt: skip
         else:
             splits = read_hub_dataset(args, info)
-    renamed: Splits = {}
-    for k, v in splits.items():  # the first of val/valid/validation/dev is the validation split
-        renamed.setdefault("val" if k in VAL_NAMES else k, v)
-    splits = renamed
+    val = next((k for k in splits if k in VAL_NAMES), None)  # the first of val/valid/validation/dev
+    splits = {("val" if k == val else k): v for k, v in splits.items() if k == val or k not in VAL_NAMES}
     if "train" not in splits or not splits["train"][0]:
         raise UserError(f"--data {args.data} has no training pairs")
     if "val" not in splits:  # seeded hold-out: identical on every rank and rerun, never trained on
@@ -63,9 +60,6 @@ def load_corpus(args, info: DistInfo) -> Splits:
     return splits
 
 
-CHARS_PER_TOKEN = 16  # a side longer than this x --max-len in characters cannot fit --max-len tokens in practice
-
-
 def screen_pairs(src: list[str], tgt: list[str], max_chars: int, where: str) -> tuple[list[str], list[str]]:
     """Drop the training pairs with a side over ``max_chars`` characters before the tokenizer is trained (BPE's cost
     grows with the square of a word's length); warn about pairs with an empty side."""
@@ -78,8 +72,7 @@ def screen_pairs(src: list[str], tgt: list[str], max_chars: int, where: str) -> 
     if src and empty == len(src):
         raise UserError(f"--data {where}: every training pair has an empty side (check the files' contents)")
     if empty:
-        print0(f"warning: {empty} of {len(src)} training pairs have an empty side (misaligned files?)",
-               file=sys.stderr)  # fmt: skip
+        print0(f"warning: {empty} of {len(src)} training pairs have an empty side (misaligned files?)", file=sys.stderr)
     if not src:
         raise UserError(f"--data {where}: no training pair is under {max_chars} characters (raise --max-len)")
     return src, tgt
@@ -95,13 +88,9 @@ def synthetic_corpus(seed: int, sizes: tuple[int, int, int] = (20000, 500, 500))
     splits = {}
     for k, (name, n) in enumerate(zip(("train", "val", "test"), sizes)):
         g = torch.Generator().manual_seed(mix_seed(seed, k))
-        lengths = torch.randint(3, 11, (n,), generator=g).tolist()
-        src, tgt = [], []
-        for length in lengths:
-            words = torch.randint(0, len(src_words), (length,), generator=g).tolist()
-            src.append(" ".join(src_words[w] for w in words))
-            tgt.append(" ".join(tgt_words[w] for w in reversed(words)))
-        splits[name] = (src, tgt)
+        sentences = [torch.randint(0, 40, (m,), generator=g).tolist() for m in torch.randint(3, 11, (n,), generator=g)]
+        splits[name] = ([" ".join(src_words[w] for w in s) for s in sentences],
+                        [" ".join(tgt_words[w] for w in reversed(s)) for s in sentences])  # fmt: skip
     return splits
 
 
@@ -112,16 +101,11 @@ def read_lines(path: Path) -> list[str]:
         text = raw.decode("utf-8-sig")  # a leading byte order mark is no part of the text
     except UnicodeDecodeError as e:
         enc = "utf-16" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else "latin1"  # UTF-16 begins with its byte order mark
-        raise UserError(
-            f"cannot read {path}: not UTF-8 ({e.reason} at byte {e.start}) (convert it, e.g. "
-            f"iconv -f {enc} -t utf-8 {path.name} > {path.name}.utf8)"
-        ) from None
+        raise UserError(f"cannot read {path}: not UTF-8 ({e.reason} at byte {e.start}) (convert it, e.g. iconv -f "
+                        f"{enc} -t utf-8 {path.name} > {path.name}.utf8)") from None  # fmt: skip
     except (OSError, EOFError) as e:
         raise UserError(f"cannot read {path}: {e} (check that the file is readable and, if .gz, complete)") from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
+    return [line.removesuffix("\r") for line in text.removesuffix("\n").split("\n")] if text else []
 
 
 def read_text_dir(root: Path, src: str, tgt: str) -> Splits:
@@ -132,10 +116,8 @@ def read_text_dir(root: Path, src: str, tgt: str) -> Splits:
 
     if find("train", src) is None or find("train", tgt) is None:
         langs = sorted({p.name.split(".")[1] for p in root.glob("train.*") if p.is_file()})
-        raise UserError(
-            f"no train.{src} and train.{tgt} (optionally .gz) in {root} "
-            f"(languages found: {', '.join(langs) or 'none'}; set --lang-src/--lang-tgt)"
-        )
+        raise UserError(f"no train.{src} and train.{tgt} (optionally .gz) in {root} (languages found: "
+                        f"{', '.join(langs) or 'none'}; set --lang-src/--lang-tgt)")  # fmt: skip
     splits = {}
     for split in ("train", *VAL_NAMES, "test"):
         fs, ft = find(split, src), find(split, tgt)
@@ -168,35 +150,26 @@ def _load_hub(name: str, config: str | None, src: str, tgt: str) -> Splits:
     try:
         import datasets
     except ImportError:
-        raise UserError(
-            f"--data {name} looks like a Hugging Face dataset name, which needs `pip install datasets` "
-            "(or use a local directory of {split}.{lang} files)"
-        ) from None
-    offline_hint = (
-        f"offline or the Hub is unreachable: use a local directory (--data DIR with train.{src}, train.{tgt}, ...) "
-        "or a dataset already in the cache with HF_DATASETS_OFFLINE=1"
-    )
+        raise UserError(f"--data {name} looks like a Hugging Face dataset name, which needs `pip install datasets` "
+                        "(or use a local directory of {split}.{lang} files)") from None  # fmt: skip
+    offline_hint = (f"offline or the Hub is unreachable: use a local directory (--data DIR with train.{src}, "
+                    f"train.{tgt}, ...) or a dataset already in the cache with HF_DATASETS_OFFLINE=1")  # fmt: skip
     try:
         if config is None:  # opus_books style: one config per language pair, in either order
             configs = datasets.get_dataset_config_names(name)
             config = next((c for c in (f"{src}-{tgt}", f"{tgt}-{src}") if c in configs), None)
-            if config is None and len(configs) == 1:
-                config = configs[0]
+            config = configs[0] if config is None and len(configs) == 1 else config
             if config is None:
                 shown = ", ".join(configs[:30]) + (" ..." if len(configs) > 30 else "")
-                raise UserError(
-                    f"dataset {name} has no {src}-{tgt} language pair (configs: {shown}; "
-                    "set --lang-src/--lang-tgt or --data-config)"
-                )
+                raise UserError(f"dataset {name} has no {src}-{tgt} language pair (configs: {shown}; set "
+                                "--lang-src/--lang-tgt or --data-config)")  # fmt: skip
         dd = datasets.load_dataset(name, config)
     except UserError:
         raise
-    except ConnectionError as e:
-        raise UserError(f"cannot load dataset {name!r}: {str(e).splitlines()[0][:160]} ({offline_hint})") from None
-    except Exception as e:  # DatasetNotFoundError, bad config, ... : one line, never a traceback
+    except Exception as e:  # ConnectionError, DatasetNotFoundError, a bad config, ...: one line, never a traceback
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         network = any(w in first.lower() for w in ("connect", "offline", "resolve", "timed out", "unreachable"))
-        hint = offline_hint if network else "and it is not a local directory either"
+        hint = offline_hint if network or isinstance(e, ConnectionError) else "and it is not a local directory either"
         raise UserError(f"cannot load dataset {name!r} config {config!r}: {first} ({hint})") from None
     return {split: _pairs_from_columns(ds, src, tgt, f"{name}[{split}]") for split, ds in dd.items()}
 
@@ -221,11 +194,9 @@ def _pairs_from_columns(ds, src: str, tgt: str, where: str) -> tuple[list[str], 
     cols = ds.column_names
     if "translation" in cols:
         rows = ds["translation"]
-        langs = sorted(rows[0]) if len(rows) else []
         if len(rows) and not (src in rows[0] and tgt in rows[0]):
-            raise UserError(
-                f"{where} has languages {', '.join(langs)}, not {src} and {tgt} (set --lang-src/--lang-tgt)"
-            )
+            raise UserError(f"{where} has languages {', '.join(sorted(rows[0]))}, not {src} and {tgt} (set "
+                            "--lang-src/--lang-tgt)")  # fmt: skip
         return [r[src] for r in rows], [r[tgt] for r in rows]
     if src in cols and tgt in cols:
         return list(ds[src]), list(ds[tgt])
@@ -245,22 +216,15 @@ def train_tokenizer(kind: str, sentences: list[str], vocab_size: int):
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            special_tokens=SPECIALS,
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
-        )
-    elif kind == "wordlevel":
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    else:  # wordlevel (argparse's choices)
         tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
         # Metaspace keeps the spaces as "▁" on the words, so decoding restores "word, word." exactly.
         tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation()])
         tok.decoder = decoders.Metaspace()
-        trainer = trainers.WordLevelTrainer(
-            vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIALS, show_progress=False
-        )
-    else:
-        raise UserError(f"unknown --tokenizer {kind!r} (bpe or wordlevel)")
+        trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIALS,
+                                            show_progress=False)  # fmt: skip
     tok.train_from_iterator(sentences, trainer)
     assert [tok.token_to_id(s) for s in SPECIALS] == [PAD, UNK, BOS, EOS]
     return tok
@@ -301,20 +265,12 @@ def one_line(text: str) -> str:
     return LINE_BREAKS.sub(" ", text)
 
 
-def tokenizers_done_forking() -> None:
-    """After the parallel encode, let DataLoader workers fork without the tokenizers warning."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
 class ParallelDataset(Dataset):
     """Pair i as two int64 tensors, source `ids + </s>` and target `<s> + ids + </s>`, made once up front."""
 
     def __init__(self, src: list[list[int]], tgt: list[list[int]]):
         self.src = [torch.tensor(s + [EOS]) for s in src]
         self.tgt = [torch.tensor([BOS] + t + [EOS]) for t in tgt]
-
-    def __len__(self) -> int:
-        return len(self.src)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.src[i], self.tgt[i]
@@ -328,10 +284,6 @@ class ParallelDataset(Dataset):
             setattr(self, k, list(torch.from_numpy(flat).split(lengths)))
 
 
-def pad_batch(seqs: list[list[int]]) -> torch.Tensor:
-    return pad_sequence([torch.tensor(s) for s in seqs], batch_first=True, padding_value=PAD)
-
-
 def collate(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> src (B, S), tgt_in (B, T) = <s> ids, tgt_out (B, T) = ids </s>, right-padded. A short row's tgt_in also
     holds its </s>, but where the target is <pad> (no loss), and the causal mask hides it from earlier positions."""
@@ -342,19 +294,22 @@ def collate(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tenso
 
 def token_batches(order: list[int], lengths: list[int], max_tokens: int) -> list[list[int]]:
     """Cut `order` into consecutive batches whose padded size (count x longest) stays <= max_tokens (or of one)."""
-    batches: list[list[int]] = []
-    cur: list[int] = []
-    longest = 0
+    batches, longest = [], 0
     for i in order:
-        m = max(longest, lengths[i])
-        if cur and m * (len(cur) + 1) > max_tokens:
-            batches.append(cur)
-            cur, m = [], lengths[i]
-        cur.append(i)
-        longest = m
-    if cur:
-        batches.append(cur)
+        if batches and max(longest, lengths[i]) * (len(batches[-1]) + 1) <= max_tokens:
+            batches[-1].append(i)
+            longest = max(longest, lengths[i])
+        else:
+            batches.append([i])
+            longest = lengths[i]
     return batches
+
+
+def padded_batches(src: list[list[int]], tgt: list[list[int]], max_tokens: int, device) -> Iterator[tuple]:
+    """The pairs as padded batches on ``device`` (``collate``), by length, each of at most ``max_tokens`` padded."""
+    pairs, lengths = ParallelDataset(src, tgt), [max(len(s), len(t)) + 1 for s, t in zip(src, tgt)]
+    for batch in token_batches(sorted(range(len(src)), key=lengths.__getitem__), lengths, max_tokens):
+        yield tuple(t.to(device) for t in collate([pairs[i] for i in batch]))
 
 
 def pack_rows(src_lens: list[int], tgt_lens: list[int], capacity: int) -> list[int]:
@@ -376,8 +331,7 @@ class PackedRows(Dataset):
         self.pairs, self.pack_len = pairs, pack_len
 
     def __getitem__(self, row: list[int]) -> tuple[torch.Tensor, ...]:
-        src = [self.pairs.src[i] for i in row]
-        tgt = [self.pairs.tgt[i] for i in row]
+        src, tgt = [self.pairs.src[i] for i in row], [self.pairs.tgt[i] for i in row]
         out = torch.full((5, self.pack_len), PAD)
         out[3:] = len(row)  # the tail's document id
         for side, seqs, doc in ((0, src, 3), (1, [t[:-1] for t in tgt], 4), (2, [t[1:] for t in tgt], None)):
@@ -390,28 +344,16 @@ class PackedRows(Dataset):
 
 
 class PackedBatchSampler(Sampler):
-    """Packed rows for DDP: yields, per micro-batch, `rows` rows (lists of pair indices; see PackedRows).
+    """Packed rows for DDP: yields, per micro-batch, `rows` rows (lists of pair indices; see PackedRows). Once, from
+    the seed, a random order of the pairs is packed into rows (the layout: each position keeps its pair's lengths).
+    Epoch e, from (seed, e) only, swaps pairs of equal lengths at random (same row sizes, other sentences) and
+    shuffles the rows. The epochs' rows are dealt end to end: `rows` to a micro-batch, world_size x accum to a step,
+    rank r taking r*accum ... r*accum+accum-1; an epoch's last step is topped up from the next epoch (the run's last
+    with empty rows). So every step has one shape and every rank as many steps (no DDP hang). `set_epoch(e, skip=k,
+    until=n)` skips this rank's first k micro-batches and deals on to epoch n: one iterator serves the whole run."""
 
-    Once, from the seed, a random order of the pairs is packed into rows (the layout: each position keeps its pair's
-    lengths). Epoch e, from (seed, e) only, swaps pairs of equal lengths at random (same row sizes, other sentences)
-    and shuffles the rows. The epochs' rows are dealt end to end: `rows` to a micro-batch, world_size x accum
-    micro-batches to a step, rank r taking r*accum ... r*accum+accum-1; an epoch's last step is topped up from the
-    next epoch (the run's last with empty rows). So every step has one shape and every rank as many steps (no DDP
-    hang). `set_epoch(e, skip=k)` skips this rank's first k micro-batches; `until=n` deals on to epoch n, so that
-    one DataLoader iterator serves the whole run."""
-
-    def __init__(
-        self,
-        src_lens: list[int],
-        tgt_lens: list[int],
-        pack_len: int,
-        rows: int,
-        rank: int = 0,
-        world_size: int = 1,
-        seed: int = 0,
-        accum: int = 1,
-        epochs: int | None = None,
-    ):
+    def __init__(self, src_lens: list[int], tgt_lens: list[int], pack_len: int, rows: int, rank: int = 0,
+                 world_size: int = 1, seed: int = 0, accum: int = 1, epochs: int | None = None):  # fmt: skip
         self.src_lens, self.tgt_lens = torch.tensor(src_lens), torch.tensor(tgt_lens)
         longer = torch.maximum(self.src_lens, self.tgt_lens)
         if int(longer.max()) >= pack_len:
@@ -430,8 +372,7 @@ class PackedBatchSampler(Sampler):
         self.n_rows = len(sizes)  # rows of each epoch, all real
         self.steps_per_epoch = self.n_rows / self.per_step  # on average
         self.fill = float(self.src_lens.sum() + self.tgt_lens.sum()) / (2 * self.n_rows * pack_len)
-        self._rows: dict[int, tuple[list[list[int]], list[int]]] = {}
-        self._plans: dict[int, tuple[list[list[list[list[int]]]], list[int]]] = {}
+        self._rows, self._plans = {}, {}  # a few epochs' rows and plans, made once
         self.set_epoch(0)
 
     def steps_before(self, epoch: int) -> int:
@@ -464,10 +405,9 @@ class PackedBatchSampler(Sampler):
         rows, tokens = [], []
         for k in range(self.steps_before(epoch) * self.per_step, self.steps_before(epoch + 1) * self.per_step):
             e, i = divmod(k, self.n_rows)  # the rows of all epochs end to end: row i of epoch e
-            past_end = self.epochs is not None and e >= self.epochs
-            row, n = ([], 0) if past_end else (self.epoch_rows(e)[0][i], self.epoch_rows(e)[1][i])
-            rows.append(row)
-            tokens.append(n)
+            real = self.epochs is None or e < self.epochs  # past the end of the data: empty rows
+            rows.append(self.epoch_rows(e)[0][i] if real else [])
+            tokens.append(self.epoch_rows(e)[1][i] if real else 0)
         batches = [rows[k : k + self.rows] for k in range(0, len(rows), self.rows)]
         steps = [batches[k : k + self.group] for k in range(0, len(batches), self.group)]
         step_tokens = [sum(tokens[k : k + self.per_step]) for k in range(0, len(tokens), self.per_step)]
@@ -492,18 +432,3 @@ class PackedBatchSampler(Sampler):
 
     def __len__(self) -> int:
         return (self.steps_before(self.until) - self.steps_before(self.epoch)) * self.accum - self.skip
-
-
-def continue_at_next_epoch(pos: Position, ckpt: dict, world_size: int, accum_steps: int) -> dict:
-    """After a resume with another world size or accumulation, which deals other steps: move ``pos`` to the next
-    epoch boundary, and return the checkpoint without its loss window (of the old steps)."""
-    old_world, old_accum = ckpt.get("world_size", world_size), ckpt.get("args", {}).get("accum_steps")
-    if (old_world, old_accum) != (world_size, accum_steps):
-        print0(
-            f"note: checkpoint was written with world size {old_world} x accum {old_accum}, now "
-            f"{world_size} x {accum_steps}; continuing at the next epoch boundary "
-            "(the data order differs from an uninterrupted run)"
-        )
-        pos.epoch, pos.batch_in_epoch = pos.epoch + (pos.batch_in_epoch > 0), 0
-        ckpt = {k: v for k, v in ckpt.items() if k != "loss_window"}
-    return ckpt
