@@ -166,7 +166,10 @@ def test_resume_with_another_global_batch_keeps_the_epoch_position_and_rescales_
     first = records(tmp_path, "train")
     capsys.readouterr()
     in_process(monkeypatch, *args, "-b", "2", "--max-steps", "5")
-    assert "now 1 x 2: the epoch goes on after the same samples" in capsys.readouterr().out
+    assert (
+        "note: checkpoint of 1 process(es) x 4 samples, now 1 x 2: the epoch goes on after them"
+        in capsys.readouterr().out
+    )
     after = records(tmp_path, "train")[len(first) :]
     assert [r["step"] for r in after] == [4, 5]
     assert after[0]["lr"] == pytest.approx(first[-1]["lr"] / 2)
@@ -182,15 +185,14 @@ def test_sigterm_to_the_spawning_parent_checkpoints_and_exits_75(tmp_path):
     cmd += ["--multiprocessing-distributed", "--nproc-per-node", "2"]
     pipe = subprocess.PIPE
     p = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **ENV}, stdout=pipe, stderr=pipe, text=True)
-    # wait until every rank is past its first step: before it a signal ends a rank at once, with nothing to save
-    for line in p.stdout:
-        if line.startswith("step 2/"):
+    for line in p.stdout:  # training has begun: the signal waits for a step boundary
+        if line.startswith("step 1/"):
             break
     p.send_signal(signal.SIGTERM)
     rest, err = p.communicate(timeout=120)
     assert p.returncode == 75, err[-2000:]
     last = ckpt(out / "last.pt")
-    assert "stopped by SIGTERM; checkpoint saved" in rest
+    assert f"stopped by SIGTERM at step {last['step']}; checkpoint saved" in rest
     assert last["step"] >= 1 and last["batch_in_epoch"] == last["step"] and "Traceback" not in err
 
 
