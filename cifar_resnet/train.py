@@ -40,7 +40,7 @@ from common.data import ResumableDistributedSampler, SeededDataset, loader_kwarg
 from common.distributed import all_reduce_sum, print0, setup_distributed, stop_requested, watched
 from common.errors import UserError, run_cli
 from common.metrics import LossWindow, MetricsLogger
-from common.utils import EMA, amp_dtype, check_finite, evaluate_classifier, lr_factor, param_groups
+from common.utils import EMA, amp_dtype, check_finite, evaluate_classifier, lr_at, param_groups
 
 ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", *DEPTHS)
 
@@ -112,7 +112,7 @@ def evaluate(model, ema, data, args, info, dtype) -> dict[str, float]:
 
 
 def train_one_epoch(model, criterion, optimizer, scaler, ema, batches, pos: Position, window: LossWindow, args, info,
-                    logger: MetricsLogger, writer: CheckpointWriter, lr_at, end: int) -> bool:  # fmt: skip
+                    logger: MetricsLogger, writer: CheckpointWriter, lr_of, end: int) -> bool:  # fmt: skip
     """Optimizer steps over ``batches`` up to step ``end`` (the epoch's last or --max-steps). Returns True if the
     ranks agreed to stop before it (preemption), leaving the loss window open for the checkpoint to hold."""
     model.train()
@@ -128,7 +128,7 @@ def train_one_epoch(model, criterion, optimizer, scaler, ema, batches, pos: Posi
         if not sync:
             continue
         for group in optimizer.param_groups:  # the LR of this step: a pure function of the step
-            group["lr"] = lr_at(pos.step)
+            group["lr"] = lr_of(pos.step)
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
@@ -137,7 +137,7 @@ def train_one_epoch(model, criterion, optimizer, scaler, ema, batches, pos: Posi
             ema.update(pos.step)
         save = args.save_every_steps and pos.step % args.save_every_steps == 0 and pos.step < end
         if pos.step % args.print_freq == 0 or save or pos.step == end:
-            log_loss(window, pos, args, info, logger, lr_at(pos.step - 1))
+            log_loss(window, pos, args, info, logger, lr_of(pos.step - 1))
         if save and info.is_main:  # [DDP 6] rank 0 alone writes; the save holds no collective
             writer.save(checkpoint_state(model, optimizer, scaler, pos, args, info.world_size, ema),
                         Path(args.output_dir) / "last.pt", args.keep_last)  # fmt: skip
@@ -206,11 +206,11 @@ def main(args: argparse.Namespace) -> None:
     train_model = torch.compile(ddp, mode=args.compile_mode) if args.compile else ddp
     ema = EMA(model, args.ema) if args.ema else None  # saved, restored and evaluated with the model
 
-    # ---- optimizer; the LR is set each step from lr_factor(step)
+    # ---- optimizer; the LR is set each step from lr_at(step), a function of the step alone
     peak_lr = args.lr * global_batch / 512
     optimizer = torch.optim.SGD(param_groups(model, args.weight_decay), lr=peak_lr, momentum=args.momentum,
                                 nesterov=args.nesterov)  # fmt: skip
-    lr_at = partial(lr_of_step, peak=peak_lr, args=args, steps_per_epoch=steps_per_epoch)
+    lr_of = partial(lr_at, peak=peak_lr, args=args, steps_per_epoch=steps_per_epoch)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
 
@@ -251,7 +251,7 @@ def main(args: argparse.Namespace) -> None:
         batches = watched(train_batches(args, train_data, sampler, epoch, pos.batch_in_epoch, info, channels_last))
         end = min(max_steps, pos.step + steps_per_epoch - pos.batch_in_epoch // args.accum_steps)
         stopped = train_one_epoch(train_model, criterion, optimizer, scaler, ema, batches, pos, window, args, info,
-                                  logger, writer, lr_at, end)  # fmt: skip
+                                  logger, writer, lr_of, end)  # fmt: skip
         if stopped:  # preempted: every rank at this step; rank 0 saves it, with every rank's part of the open window
             sums = all_reduce_sum(window.sums.clone())
             if info.is_main:  # [DDP 6]
@@ -280,10 +280,6 @@ def main(args: argparse.Namespace) -> None:
     best = f", best {eval_name} acc1 {pos.best_metric:.2f}" if args.eval_every else ""
     if not stopped:
         print0(f"done: step {pos.step}{best}, wall {time.time() - t_start:.1f}s")
-
-
-def lr_of_step(step: int, peak: float, args, steps_per_epoch: int) -> float:
-    return peak * lr_factor(step, args, steps_per_epoch)
 
 
 def describe(m: dict[str, float]) -> str:

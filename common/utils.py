@@ -21,18 +21,18 @@ def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:  # --amp: a
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}[amp]
 
 
-def lr_factor(step: int, args: Any, steps_per_epoch: int) -> float:
-    """The LR of step ``step`` (from 0) over the peak: cosine to 0 at --epochs, onecycle (up to 25% of training, then
+def lr_at(step: int, peak: float, args: Any, steps_per_epoch: int) -> float:
+    """The LR of step ``step`` (from 0): ``peak`` x cosine to 0 at --epochs, onecycle (up to 25% of training, then
     down), or x --lr-gamma every --lr-step-size epochs, after --warmup-epochs. In epochs: the same on any GPU count."""
     warmup, total = round(args.warmup_epochs * steps_per_epoch), args.epochs * steps_per_epoch
     if args.lr_schedule == "onecycle":
-        peak = max(1, int(0.25 * total))
-        return min((step + 1) / peak, max(0.0, (total - step) / (total - peak)))
+        top = max(1, int(0.25 * total))
+        return peak * min((step + 1) / top, max(0.0, (total - step) / (total - top)))
     if args.lr_schedule == "cosine" and step >= warmup:
-        return 0.5 * (1 + math.cos(math.pi * min(1, (step - warmup) / max(1, total - warmup))))
+        return peak * 0.5 * (1 + math.cos(math.pi * min(1, (step - warmup) / max(1, total - warmup))))
     ramp = min(1.0, (step + 1) / warmup) if warmup else 1.0
     decay = 1.0 if args.lr_schedule == "cosine" else args.lr_gamma ** (step // (args.lr_step_size * steps_per_epoch))
-    return ramp * decay
+    return peak * ramp * decay
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float, skip_norm_bias: bool = True) -> list[dict[str, Any]]:

@@ -35,7 +35,7 @@ from common.data import ResumableDistributedSampler, SeededDataset, loader_kwarg
 from common.distributed import DistInfo, all_reduce_sum, mix_seed, print0, setup_distributed, stop_requested, watched
 from common.errors import UserError, run_cli
 from common.metrics import LossWindow, MetricsLogger
-from common.utils import EMA, amp_dtype, check_finite, evaluate_classifier, lr_factor, param_groups
+from common.utils import EMA, amp_dtype, check_finite, evaluate_classifier, lr_at, param_groups
 
 
 def build_model(arch: str, num_classes: int, weights=None) -> nn.Module:
@@ -136,7 +136,7 @@ def evaluate(model, ema, data, args, info, dtype) -> dict[str, float]:
 
 
 def train_one_epoch(model, criterion, optimizer, scaler, ema, mix, batches, pos: Position, window: LossWindow, args,
-                    info, logger: MetricsLogger, writer: CheckpointWriter, lr_at, end: int, data) -> bool:  # fmt: skip
+                    info, logger: MetricsLogger, writer: CheckpointWriter, lr_of, end: int, data) -> bool:  # fmt: skip
     """Optimizer steps over ``batches`` up to step ``end`` (the epoch's last or --max-steps). Returns True if the
     ranks agreed to stop before it (preemption), leaving the loss window open for the checkpoint to hold."""
     model.train()
@@ -158,7 +158,7 @@ def train_one_epoch(model, criterion, optimizer, scaler, ema, mix, batches, pos:
         if not sync:
             continue
         for group in optimizer.param_groups:  # the LR of this step: a pure function of the step
-            group["lr"] = lr_at(pos.step)
+            group["lr"] = lr_of(pos.step)
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
@@ -167,7 +167,7 @@ def train_one_epoch(model, criterion, optimizer, scaler, ema, mix, batches, pos:
             ema.update(pos.step)
         save = args.save_every_steps and pos.step % args.save_every_steps == 0 and pos.step < end
         if pos.step % args.print_freq == 0 or save or pos.step == end:
-            log_loss(window, pos, args, info, logger, lr_at(pos.step - 1), data)
+            log_loss(window, pos, args, info, logger, lr_of(pos.step - 1), data)
         if save and info.is_main:  # [DDP 6] rank 0 alone writes; the save holds no collective
             writer.save(checkpoint_state(model, optimizer, scaler, pos, args, info.world_size, ema),
                         Path(args.output_dir) / "last.pt", args.keep_last)  # fmt: skip
@@ -239,11 +239,11 @@ def main(args: argparse.Namespace, launch: DistInfo | None = None) -> None:
     ema = EMA(model, args.ema) if args.ema else None  # saved, restored and evaluated with the model
     mix = mixup_cutmix(args, data.num_classes)
 
-    # ---- optimizer; the LR is set each step from lr_factor(step)
+    # ---- optimizer; the LR is set each step from lr_at(step), a function of the step alone
     peak_lr = args.lr * global_batch / 256
     optimizer = torch.optim.SGD(param_groups(model, args.weight_decay, skip_norm_bias=not args.norm_bias_decay),
                                 lr=peak_lr, momentum=args.momentum)  # fmt: skip
-    lr_at = partial(lr_of_step, peak=peak_lr, args=args, steps_per_epoch=data.steps_per_epoch)
+    lr_of = partial(lr_at, peak=peak_lr, args=args, steps_per_epoch=data.steps_per_epoch)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
 
@@ -272,7 +272,7 @@ def main(args: argparse.Namespace, launch: DistInfo | None = None) -> None:
         batches = watched(train_batches(args, data, info, epoch, pos.batch_in_epoch))
         end = min(max_steps, pos.step + steps_per_epoch - pos.batch_in_epoch // args.accum_steps)
         stopped = train_one_epoch(train_model, criterion, optimizer, scaler, ema, mix, batches, pos, window, args, info,
-                                  logger, writer, lr_at, end, data)  # fmt: skip
+                                  logger, writer, lr_of, end, data)  # fmt: skip
         if stopped:  # preempted: every rank at this step; rank 0 saves it, with every rank's part of the open window
             sums = all_reduce_sum(window.sums.clone())
             if info.is_main:  # [DDP 6]
@@ -306,10 +306,6 @@ def main(args: argparse.Namespace, launch: DistInfo | None = None) -> None:
     best = f", best val acc1 {pos.best_metric:.2f}" if args.eval_every else ""
     if not stopped:
         print0(f"done: step {pos.step}{best}, wall {time.time() - t_start:.1f}s")
-
-
-def lr_of_step(step: int, peak: float, args, steps_per_epoch: int) -> float:
-    return peak * lr_factor(step, args, steps_per_epoch)
 
 
 def describe(m: dict[str, float]) -> str:

@@ -442,7 +442,7 @@ def test_suspicious_data_warns_and_trains(paths, tmp_path, capsys):
                "--max-steps", "1", "--eval-every", "0", "--output-dir", str(tmp_path / "o1")], {})  # fmt: skip
         out, err = capsys.readouterr()
         assert err.count("warning:") == 1 and "has label 0: one class trains to a loss of 0" in err, err
-        assert "done: step 1 (" in out and "best" not in out, out  # --eval-every 0: no best to name
+        assert "done: step 1, wall" in out and "best" not in out, out  # --eval-every 0: no best to name
         inet = make_jpeg_imagefolder(tmp_path / "inet1", {"train": 4, "val": 2}, classes=1, size=35)
         entry(["imagenet/train.py", str(inet), *INET[1:], "-b", "2", "--max-steps", "1", "--eval-every", "0",
                "--output-dir", str(tmp_path / "o0")], {})  # fmt: skip

@@ -215,6 +215,8 @@ def test_one_schema_for_every_script_and_its_resume(tmp_path):
     state = checkpoint_state(model, opt, scaler, pos, args, 2, ema, tokenizer="{}")
     assert set(state) == {"model", "optimizer", "scaler", "epoch", "step", "batch_in_epoch", "best_metric", "log_lines",
                           "wandb_id", "args", "world_size", "ema", "tokenizer"}  # fmt: skip
+    wrapped = checkpoint_state(torch.compile(model), opt, scaler, pos, args, 2, ema)  # as the train loops pass it
+    assert list(wrapped["model"]) == list(state["model"]) == list(model.state_dict())  # no _orig_mod., no module.
     save_checkpoint(state, tmp_path / "last.pt")
     fresh = parts(1)
     ckpt = load_checkpoint(tmp_path / "last.pt")

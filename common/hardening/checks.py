@@ -103,9 +103,8 @@ def check_checkpoint(path: Path) -> None:
 
 
 def claim_output_dir(out: Path, is_main: bool) -> None:
-    """Make this job the output dir's only writer (rank 0 holds ``.lock``; a second job stops on every rank with one
-    line), after checking it is writable; remove the temporary files of writes that a kill cut short. Call on
-    every rank once the process group is up."""
+    """On every rank, once the group is up: the output dir is writable, this job its only writer (rank 0 holds
+    ``.lock``; a second job stops on every rank, one line), and no temporary file of a write a kill cut short."""
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".write_test_{os.getpid()}"
@@ -126,8 +125,8 @@ _LOCKS: dict[Path, IO[str]] = {}
 
 
 def _lock(out: Path) -> str | None:
-    """An exclusive flock on ``out/.lock``, holding this host and pid: None once held, else the holder's text. The
-    kernel releases it however the process ends, so a restarted or requeued job takes it over."""
+    """An exclusive flock on ``out/.lock`` (host, pid): None once held, else the holder's text. The kernel releases it
+    however the process ends, so a restarted or requeued job takes it over."""
     path = (out / ".lock").resolve()
     if path in _LOCKS:  # this process holds it (a second run in one process, as tests do)
         return None

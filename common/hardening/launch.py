@@ -18,10 +18,8 @@ import torch.distributed as dist
 from common.distributed import LAUNCHERS, DistInfo
 from common.errors import UserError
 
-RDZV_HINT = (
-    "is the master (rank 0) running and reachable, and the port open? check MASTER_ADDR, firewalls, "
-    "NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME; debug with NCCL_DEBUG=INFO TORCH_DISTRIBUTED_DEBUG=DETAIL"
-)
+RDZV_HINT = "is the master (rank 0) running and reachable, its port open? check MASTER_ADDR, firewalls, NCCL_"
+RDZV_HINT += "SOCKET_IFNAME/GLOO_SOCKET_IFNAME; debug with NCCL_DEBUG=INFO TORCH_DISTRIBUTED_DEBUG=DETAIL"
 
 
 def check_env(env: Mapping[str, str]) -> None:
@@ -56,8 +54,8 @@ def check_launch(launch: DistInfo, env: Mapping[str, str]) -> None:
             if not env.get(name):
                 raise UserError(f"{name} is not set (world size {launch.world_size} needs the rank 0 host's "
                                 "MASTER_ADDR and a free MASTER_PORT; torchrun sets both)")  # fmt: skip
-        host_port, where = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}", "MASTER_ADDR:MASTER_PORT"
-        where += f" {host_port}"
+        host_port = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+        where = f"MASTER_ADDR:MASTER_PORT {host_port}"
     elif launch.init_method.startswith("tcp://"):
         host_port, where = launch.init_method[len("tcp://") :], f"rendezvous address {launch.init_method}"
     else:
@@ -124,15 +122,14 @@ def init_process_group(backend: str, *, init_method: str, rank: int, world_size:
     except Exception as e:  # a failed rendezvous: one actionable line, not C++ frames
         msg = str(e)
         first = (msg.strip() or type(e).__name__).splitlines()[0][:200]
-        where = init_method
-        if where == "env://":
-            where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        env = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        where = env if init_method == "env://" else init_method
         if "EADDRINUSE" in msg or "address already in use" in msg.lower():
             raise UserError(f"port already in use at {where} (a stale job, e.g. after Ctrl-C? kill it or choose "
                             "another MASTER_PORT / --dist-url port / --rdzv-endpoint)") from None  # fmt: skip
         if any(w in msg.lower() for w in ("timed out", "timeout", "connect")):
-            seconds = timeout.total_seconds()
-            raise UserError(f"rendezvous with {where} failed after {seconds:.0f}s: {first} ({RDZV_HINT})") from None
+            raise UserError(f"rendezvous with {where} failed after {timeout.total_seconds():.0f}s: {first} "
+                            f"({RDZV_HINT})") from None  # fmt: skip
         if isinstance(e, (RuntimeError, ValueError)):  # torch's C++ errors carry frames after their first line
             hint = "check the launcher's settings; debug with TORCH_DISTRIBUTED_DEBUG=DETAIL"
             raise UserError(f"cannot start the process group at {where}: {first} ({hint})") from None

@@ -1,7 +1,6 @@
 """Preemption: SIGTERM or SIGUSR2 (Slurm's ``--signal``) on any rank stops every rank at the same step; the script
-saves ``last.pt`` and the run exits 75 ("requeue me"), to continue with the same command. The ranks agree through an
-all-reduce on a gloo group of its own, started at one step and read at the next: it never blocks the GPU stream.
-Before the first step there is nothing new to save: a signal then ends the rank at once, with exit 75 too."""
+saves ``last.pt``, exit 75 ("requeue me"). The ranks agree by an all-reduce on a gloo group of its own, started at one
+step and read at the next, so it never blocks the GPU. During start-up a signal ends the rank at once, exit 75 too."""
 
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ import torch.distributed as dist
 from common.distributed import print0
 
 PREEMPTED = 75  # EX_TEMPFAIL: stopped on a signal after a checkpoint; rerun the same command to continue
-SIGNALS = ("SIGTERM", "SIGUSR2")
 
 
 class Preemption:
@@ -26,8 +24,8 @@ class Preemption:
         self.stepping = False  # True once training asks for batches: a signal then waits for a step boundary
         self.stopped = False  # True once the ranks agreed to stop
         self.step: int | None = None  # the step of the last check; None: no step done by this process
-        for name in SIGNALS:
-            signal.signal(getattr(signal, name), self._handler)
+        for sig in (signal.SIGTERM, signal.SIGUSR2):
+            signal.signal(sig, self._handler)
 
     def _handler(self, signum: int, frame: Any) -> None:
         self.received = signal.Signals(signum).name

@@ -36,21 +36,17 @@ class Watchdog:
         self._stopped = threading.Event()
         self._poll = min(5.0, timeout / 4)
 
-    def start(self) -> None:
-        self.started = True
-        if self.timeout > 0:
-            self._arm_fallback()
-            threading.Thread(target=self._watch, name="stall-watchdog", daemon=True).start()
-            atexit.register(self.stop)  # also on an exception or sys.exit: no armed fallback during shutdown
-
     def beat(self, what: str) -> None:  # progress: from now on this rank is busy with `what`
         self.state = (time.monotonic(), what, False)
 
     def batches(self, iterable: Iterable, evaluating: bool = False) -> Iterator:
         """Yield from ``iterable``, labelling the wait for each item and the work done with it."""
         waiting, working = (EVAL_DATA, EVAL_STEP) if evaluating else (TRAIN_DATA, TRAIN_STEP)
-        if not self.started:
-            self.start()
+        if not self.started and self.timeout > 0:
+            self._arm_fallback()
+            threading.Thread(target=self._watch, name="stall-watchdog", daemon=True).start()
+            atexit.register(self.stop)  # also on an exception or sys.exit: no armed fallback during shutdown
+        self.started = True
         # an evaluation loader starts its workers for its first batch
         self.state = (time.monotonic(), waiting, evaluating)
         for item in iterable:
@@ -75,8 +71,7 @@ class Watchdog:
                 self._arm_fallback()
 
     def _arm_fallback(self) -> None:
-        """A fallback in C, for a main thread stuck in C code holding the GIL: re-armed at every poll, it fires only
-        after a whole timeout of missed polls."""
+        """A fallback in C for a main thread stuck in C holding the GIL: re-armed each poll, fires after a timeout."""
         faulthandler.dump_traceback_later(self._limit(self.state[2]) + self._poll, exit=True, file=2)
 
     def _limit(self, starting: bool) -> float:
