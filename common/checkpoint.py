@@ -35,15 +35,9 @@ def strip_prefixes(state_dict: dict[str, Any]) -> dict[str, Any]:  # without DDP
 
 def checkpoint_state(model, optimizer, scaler, pos: Position, args, world_size: int, ema=None, **extra) -> dict:
     """The one schema of last.pt and best.pt (the weights without wrappers' prefixes); ``extra``: a script's own."""
-    state = {
-        "model": strip_prefixes(model.state_dict()),
-        "optimizer": optimizer.state_dict(),
-        "scaler": scaler.state_dict(),
-    }
-    state.update(asdict(pos), args=vars(args), world_size=world_size, **extra)
-    if ema is not None:
-        state["ema"] = ema.module.state_dict()
-    return state
+    state = dict(model=strip_prefixes(model.state_dict()), optimizer=optimizer.state_dict(), **asdict(pos), **extra)
+    state.update(scaler=scaler.state_dict(), args=vars(args), world_size=world_size)
+    return state if ema is None else {**state, "ema": ema.module.state_dict()}
 
 
 @contextlib.contextmanager
