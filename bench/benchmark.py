@@ -29,7 +29,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+# The scripts' modules by name, as each script imports the ones beside it, and common/ from the repository root
+sys.path[:0] = [str(REPO / d) for d in ("cifar_resnet", "imagenet", "transformer")] + [str(REPO)]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -163,9 +164,9 @@ class Monitor:
 def script_rate(
     cmd: list[str], out: Path, key: str, skip: int = 2, monitor: bool = False, env: dict | None = None
 ) -> tuple[float, str, dict]:
-    """Run a train.py command (``env``: variables to add); return the median of its logged ``key`` (after ``skip``
-    warm-up records), the wall time, and with ``monitor`` the CPU cores and GPU utilisation over the records it
-    took the median of."""
+    """Run a train.py command (``env``: variables to add); return the median of its logged ``key`` over whole log
+    windows (after ``skip`` warm-up ones), the wall time, and with ``monitor`` the CPU cores and GPU utilisation over
+    the windows it took the median of."""
     t0 = time.time()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -173,7 +174,12 @@ def script_rate(
     stdout, stderr = p.communicate()
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{stdout[-2000:]}\n{stderr[-3000:]}")
-    recs = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r.get("split") == "train" and key in r]
+    every = json.loads((out / "config.json").read_text())["print_freq"]
+    train = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r.get("split") == "train" and key in r]
+    # Whole windows only: print_freq steps since the last record, in one epoch. The scripts also log at each epoch end
+    # (a shorter window), and the window after it holds that epoch's evaluation and checkpoint.
+    recs = [r for q, r in zip([{"step": 0, "epoch": 0}, *train], train)
+            if r["step"] - q["step"] == every and r["epoch"] == q["epoch"]]  # fmt: skip
     if len(recs) <= skip:
         raise RuntimeError(f"no {key} records in {out}/metrics.jsonl")
     extra = mon.window(recs[skip - 1]["time"], recs[-1]["time"]) if mon is not None and skip > 0 else {}
@@ -344,8 +350,7 @@ def pixel_check(root: Path, device: torch.device, tmp: Path) -> dict:
     take the fallback decoders. Returns the worst difference and the images each decoder took."""
     import numpy as np
     import PIL.Image
-
-    from imagenet.gpu_decode import EncodedImages, GpuTransform, collate_encoded, decode
+    from gpu_decode import EncodedImages, GpuTransform, collate_encoded, decode
 
     files = sorted(str(f) for f in (root / "train").glob("*/*.jpg"))[:32]
     base = PIL.Image.open(files[0])
@@ -384,16 +389,17 @@ def bench_jpeg(args, device, rows):
     b, j, jg = (args.rn50_batch, str(args.workers), str(args.gpu_decode_workers)) if not args.tiny else (4, "0", "0")
     fast = ["--amp", "bf16", "--channels-last", "--compile"] if cuda and not args.tiny else []
     graphs = [*fast, "--compile-mode", "reduce-overhead"] if fast else []  # CUDA graphs: launching costs ~no host time
-    gpu = ("--gpu-decode", ["--gpu-decode", "-j", jg, *graphs], {})
+    queues = {"CUDA_DEVICE_MAX_CONNECTIONS": "32"}  # as imagenet/README.md tells a user to run --gpu-decode
+    gpu = ("--gpu-decode", ["--gpu-decode", "-j", jg, *graphs], queues)
     dummy = ["--dummy", "--dummy-sizes", str(n_train), str(n_val), "-j", j]
     examples = ["-j", j, "--amp", "none", "--no-channels-last"]
     configs = [  # most telling first, so that a run stopped by a time limit keeps them (Results writes every row)
         ("--dummy (no data path)", [*dummy, *graphs], {}),
         gpu,
         ("pytorch/examples main.py configuration: Pillow, fp32, eager", examples, {}),
-        # train.py gives --gpu-decode 32 hardware queues; with CUDA's default 8 the decode waits behind graph replays
+        # with CUDA's default 8 hardware queues the decode waits behind graph replays
         ("--gpu-decode, 8 hardware queues", gpu[1], {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}),
-        ("--gpu-decode", ["--gpu-decode", "-j", jg, *fast], {}),  # without CUDA graphs: the
+        ("--gpu-decode", ["--gpu-decode", "-j", jg, *fast], queues),  # without CUDA graphs: the
         ("--dummy (no data path)", [*dummy, *fast], {}),  # host launches every kernel, beside the decoding threads
         ("Pillow DataLoader", ["-j", j, *fast], {}),
     ]  # fmt: skip
@@ -421,7 +427,7 @@ def bench_jpeg(args, device, rows):
 
 
 def build_transformer(preset: str, vocab: int) -> nn.Module:
-    from transformer.model import PRESETS, ModelConfig, Transformer
+    from seq2seq import PRESETS, ModelConfig, Transformer
 
     return Transformer(ModelConfig(vocab_size=vocab, **PRESETS[preset]))
 
@@ -468,7 +474,7 @@ def bare_transformer_step(preset: str, vocab: int, tokens: int, length: int, dev
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     g = torch.Generator().manual_seed(0)
     if "packed" in opts:
-        from transformer.data import PackedRows, ParallelDataset, pack_rows
+        from text import PackedRows, ParallelDataset, pack_rows
 
         rows, n = max(1, tokens // length), 4 * tokens // 15  # more pairs than the rows can take
         src_lens, tgt_lens = torch.randint(8, 24, (2, n), generator=g).tolist()
@@ -515,7 +521,7 @@ def bare_transformer_step(preset: str, vocab: int, tokens: int, length: int, dev
 
 def mask_build_ms(src_doc, tgt_doc) -> dict:
     """Milliseconds to build a packed batch's three block masks: eagerly, and compiled on its own."""
-    from transformer.model import document_masks
+    from seq2seq import document_masks
 
     out = {}
     for name, fn in (("eager", document_masks), ("compiled", torch.compile(document_masks))):
@@ -568,9 +574,7 @@ def profile_step(step, path: Path, steps: int = 5) -> dict:
 
 def bare_transformer_row(args, preset: str, vocab: int, tokens: int, opts: list[str], mfu_per_tok: float, device):
     """Time (and with "profile" in opts, profile) the bare step of one --tr-configs entry; returns its row."""
-    from transformer.model import allow_cudnn_attention
-
-    allow_cudnn_attention("cudnn" in opts)  # as transformer/train.py: no cuDNN attention unless asked for
+    torch.backends.cuda.enable_cudnn_sdp("cudnn" in opts)  # as transformer/train.py: no cuDNN attention unless asked
     length = args.pack_len if "packed" in opts else 24
     t0 = time.perf_counter()
     step, per_step = bare_transformer_step(preset, vocab, tokens, length, device, opts)

@@ -31,6 +31,8 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 KINDS = ("kill rank", "kill rank 0 mid-write", "kill agent", "term agent", "stop rank")
 CLOCK = ("time", "img_per_s", "tok_per_s")
+# the training state a checkpoint holds (and the transformer's eval_step, compared where both checkpoints hold one)
+STATE = ("model", "optimizer", "scaler", "ema", "epoch", "step", "batch_in_epoch", "best_metric", "log_lines")
 
 
 def jpegs(root: Path, splits: dict[str, int], classes: int, size: int) -> None:
@@ -68,8 +70,8 @@ def make_data(name: str, root: Path) -> Path:
     elif name == "imagenet":
         jpegs(root, {"train": 64, "val": 13}, 6, 41)
     else:
-        sys.path.insert(0, str(REPO))
-        from transformer.data import synthetic_corpus
+        sys.path[:0] = [str(REPO / "transformer"), str(REPO)]  # text.py, as transformer/train.py imports it
+        from text import synthetic_corpus
 
         root.mkdir(parents=True)
         for split, (src, tgt) in synthetic_corpus(1, (400, 30, 21)).items():
@@ -164,11 +166,11 @@ def checkpoint(out: Path) -> dict:  # last.pt, with the weights and optimizer st
 
 def compare(ref: Path, out: Path) -> dict[str, bool]:
     a, b = (checkpoint(d) for d in (ref, out))
-    keys = [k for k in a if isinstance(a[k], torch.Tensor) or k in ("model", "optimizer", "scaler", "ema", "epoch",
-            "step", "batch_in_epoch", "best_metric", "log_lines")]  # fmt: skip
+    keys = {k for c in (a, b) for k in c if k in STATE or isinstance(c[k], torch.Tensor)}
+    keys |= {"eval_step"} & a.keys() & b.keys()
     recs = [[json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()] for d in (ref, out)]
     recs = [[{k: v for k, v in r.items() if k not in CLOCK} for r in rs] for rs in recs]
-    return {"identical": all(same(a[k], b.get(k)) for k in keys), "records_equal": recs[0] == recs[1]}
+    return {"identical": all(k in a and k in b and same(a[k], b[k]) for k in keys), "records_equal": recs[0] == recs[1]}
 
 
 def same(x, y) -> bool:

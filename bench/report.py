@@ -30,7 +30,7 @@ UNIT = re.compile(r"\d[\d,.]*\s?(?:%|img/s|tok/s|tokens/s)")
 # Readers: a log's name in docs/runs -> one number (or a list of them).
 @cache
 def text(log: str) -> str: return (RUNS / log).read_text()
-def records(log: str, split: str = "train") -> list[dict]:  # metrics.jsonl records: "train", "val", "time" (CIFAR's wall-time parts)
+def records(log: str, split: str = "train") -> list[dict]:  # metrics.jsonl records: "train", "val", "time" (the wall-time parts in docs/runs' CIFAR logs)
     return [r for r in (json.loads(x) for x in text(log).splitlines() if x.startswith('{"split"')) if r["split"] == split]
 def first(log: str, what: str, values: list):
     if not values:

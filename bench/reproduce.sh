@@ -9,7 +9,7 @@
 #   jpeg-scaling --gpu-decode (torchvision) and --dummy, CUDA graphs, on 1, 2, 4 ... GPUs, 20,480 JPEGs (2 GPUs: ~6 min)
 #   cifar        CIFAR-10 recipes ($CIFAR_SEEDS seeds, default 3; one run per GPU, in rounds): fast and full ResNet-18,
 #                full ResNet-50 on 1 GPU and on 2; then each data path for 20 epochs
-#   cifar-paper  the paper's CIFAR ResNets (cifar_resnet/model.py): ResNet-20 and ResNet-56 with the fast recipe,
+#   cifar-paper  the paper's CIFAR ResNets (cifar_resnet/resnets.py): ResNet-20 and ResNet-56 with the fast recipe,
 #                $CIFAR_SEEDS seeds, one run per GPU, in rounds
 #   transformer  1 GPU: transformer base, the bare step against the script on Multi30k x 8 (--compile); the small
 #                preset's script with --compile and with CUDA graphs, and its bare step
@@ -97,7 +97,8 @@ from benchmark import make_jpeg_folder; make_jpeg_folder(Path("/tmp/jpeg_scaling
   J=(imagenet/train.py -a resnet50 -b 256 -p 10 --resume none --overwrite -j 8 --amp bf16 --channels-last --compile
     --compile-mode reduce-overhead)
   for n in "${counts[@]}"; do # n + 1 epochs: 160 steps on 1 GPU, 120 per GPU on 2, epoch starts included
-    launch "$n" "${J[@]}" --epochs $((n + 1)) /tmp/jpeg_scaling --gpu-decode --output-dir "/tmp/jpeg_tv$n" 2>&1 |
+    CUDA_DEVICE_MAX_CONNECTIONS=32 launch "$n" "${J[@]}" --epochs $((n + 1)) /tmp/jpeg_scaling --gpu-decode \
+      --output-dir "/tmp/jpeg_tv$n" 2>&1 |
       tee "$out/jpeg_gpu_decode_${n}x$hw.log" && keep "/tmp/jpeg_tv$n" "jpeg_gpu_decode_${n}x"
     launch "$n" "${J[@]}" --epochs $((n + 1)) --dummy --dummy-sizes 20480 512 --output-dir "/tmp/jpeg_dm$n" 2>&1 |
       tee "$out/jpeg_dummy_${n}x$hw.log" && keep "/tmp/jpeg_dm$n" "jpeg_dummy_${n}x"
@@ -125,7 +126,7 @@ cifar)
   R18=(--lr 0.4 --epochs 200 --random-erasing 0.5 --ema 0.999 --eval-every 20)     # full ResNet-18
   R50=(-a resnet50 --lr 0.4 --epochs 200 --random-erasing 0.5 --ema 0.999 --eval-every 10) # full ResNet-50
   seeds=${CIFAR_SEEDS:-3}
-  # The first run decodes the JPEGs into the cache next to them (its "data" time); the others read the cache.
+  # The first run decodes the JPEGs into the cache next to them (in its wall time); the others read the cache.
   rm -f /tmp/c/.decoded-*.npz
   python3 "${C[@]}" "${G[@]}" "${FAST[@]}" --seed 0 --output-dir /tmp/cfast_0 && keep /tmp/cfast_0 cifar_r18_fast_seed0_1x
   for ((s = 1; s < seeds; s++)); do on_gpu "cifar_r18_fast_seed${s}_1x" "${FAST[@]}" --seed "$s"; done
@@ -148,7 +149,7 @@ cifar)
 cifar-paper)
   cifar_data
   seeds=${CIFAR_SEEDS:-3}
-  rm -f /tmp/c/.decoded-*.npz # the first run decodes the JPEGs into the cache alone (its "data" time), then the rest
+  rm -f /tmp/c/.decoded-*.npz # the first run decodes the JPEGs into the cache alone (in its wall time), then the rest
   on_gpu cifar_r20_fast_seed0_1x -a resnet20 "${FAST[@]}" --seed 0
   wait
   slot=0
