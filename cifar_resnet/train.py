@@ -124,7 +124,7 @@ def train_one_epoch(model, criterion, optimizer, scaler, ema, batches, pos: Posi
             with torch.autocast(info.device.type, dtype, enabled=dtype is not None):
                 loss = criterion(model(x), y)
             scaler.scale(loss / args.accum_steps).backward()
-        window.sums[info.rank] += loss.detach()
+        window.sum += loss.detach()
         if not sync:
             continue
         for group in optimizer.param_groups:  # the LR of this step: a pure function of the step

@@ -71,6 +71,7 @@ class LossWindow:
 
     def __init__(self, info: DistInfo, saved: dict[str, Any] | None = None):
         self.rank, self.sums = info.rank, torch.zeros(info.world_size, device=info.device)
+        self.sum = self.sums[self.rank]  # this rank's entry, a view: ``sum +=`` adds in place, one kernel
         self.reset()
         if saved and len(saved["sums"]) == info.world_size:  # another world size starts a new window
             self.sums[self.rank] = saved["sums"][self.rank]

@@ -164,7 +164,7 @@ def train_one_epoch(model, loss_fn, optimizer, scaler, no_sync, batches, step_to
             # DDP averages gradients over ranks; x world_size / tokens makes the step's gradient the mean over every
             # target token of the step, however unevenly the tokens fall on ranks and micro-batches
             scaler.scale(loss * (info.world_size / max(1, step_tokens[i // args.accum_steps]))).backward()
-        window.sums[info.rank] += loss.detach()
+        window.sum += loss.detach()
         if not sync:
             continue
         scaler.unscale_(optimizer)
