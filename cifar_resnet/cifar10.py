@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torchvision.transforms as T
 
 from common.checkpoint import atomic_write
 from common.distributed import broadcast_object, mix_seed, print0
@@ -162,20 +163,27 @@ def decode_folder(folder: Path, cache_dirs: tuple[Path, ...], workers: int, writ
     return out
 
 
-def load_splits(args, transform_train, transform_eval, cache_dir: Path, writer: bool):
-    """(train, eval, eval_name) datasets for the chosen source, with their transforms."""
+def download(root: Path) -> str | None:
+    """torchvision's CIFAR-10 files fetched and MD5-checked into ``root``; why not, if they could not be."""
+    from torchvision import datasets
+
+    try:
+        datasets.CIFAR10(str(root), download=True)
+    except (OSError, RuntimeError) as e:  # no network, a proxy, a failed checksum
+        return (f"--download: cannot fetch CIFAR-10 into {root} ({str(e)[:160]}) (check the network, or put "
+                "cifar-10-batches-py/ there by hand)")  # fmt: skip
+
+
+def load_splits(args, cache_dir: Path, writer: bool, is_main: bool):
+    """(train, eval, eval_name) datasets for the chosen source, with their transforms (none with --gpu-data)."""
+    tf_eval = None if args.gpu_data else T.Compose([T.ToTensor(), T.Normalize(MEAN, STD)])
+    tf_train = None if args.gpu_data else train_transform(args, tf_eval)
     if args.synthetic:
-        return synthetic(5000, args.seed, transform_train), synthetic(1000, args.seed + 1, transform_eval), "val"
+        return synthetic(5000, args.seed, tf_train), synthetic(1000, args.seed + 1, tf_eval), "val"
     root = Path(args.data_dir)
     if args.download or (root / "cifar-10-batches-py").is_dir():
-        if args.download:
-            from torchvision import datasets
-
-            try:
-                datasets.CIFAR10(str(root), download=True)  # fetch and MD5-check once
-            except (OSError, RuntimeError) as e:  # no network, a proxy, a failed checksum
-                raise UserError(f"--download: cannot fetch CIFAR-10 into {root} ({str(e)[:160]}) (check the network, "
-                                "or put cifar-10-batches-py/ there by hand)") from None  # fmt: skip
+        if args.download and (error := broadcast_object(download(root) if is_main else None)):  # rank 0 fetches it
+            raise UserError(error)
         train = read_pickles(root / "cifar-10-batches-py", train=True)
         test, eval_name = read_pickles(root / "cifar-10-batches-py", train=False), "test"
     elif (root / "train").is_dir():
@@ -192,10 +200,8 @@ def load_splits(args, transform_train, transform_eval, cache_dir: Path, writer: 
                 raise UserError(f"{folder} has {n} class folders but the model has 10 outputs (CIFAR-10: one "
                                 "folder per class, 10 of them)")  # fmt: skip
     else:
-        raise UserError(
-            f"no CIFAR-10 at {root} (expected cifar-10-batches-py/ or train/<class>/*.jpg; "
-            "use --download, --data-dir DIR or --synthetic)"
-        )
+        raise UserError(f"no CIFAR-10 at {root} (expected cifar-10-batches-py/ or train/<class>/*.jpg; use "
+                        "--download, --data-dir DIR or --synthetic)")  # fmt: skip
     if len(set(train.targets)) == 1:
         print0(f"warning: every training image of {root} has label {train.targets[0]}: one class trains to a loss "
                "of 0 and learns nothing (check the data)", file=sys.stderr)  # fmt: skip
@@ -207,19 +213,11 @@ def load_splits(args, transform_train, transform_eval, cache_dir: Path, writer: 
         held, kept = perm[: args.val_split], perm[args.val_split :]
         y = np.asarray(train.targets)
         train, test, eval_name = CIFARArrays(train.data[kept], y[kept]), CIFARArrays(train.data[held], y[held]), "val"
-    train.transform, test.transform = transform_train, transform_eval
+    train.transform, test.transform = tf_train, tf_eval
     return train, test, eval_name
 
 
-def eval_transform():
-    import torchvision.transforms as T
-
-    return T.Compose([T.ToTensor(), T.Normalize(MEAN, STD)])
-
-
 def train_transform(args, tf_eval):
-    import torchvision.transforms as T
-
     tfs = [T.RandomCrop(32, padding=4, padding_mode="reflect"), T.RandomHorizontalFlip(), tf_eval]
     if args.random_erasing > 0:
         tfs.append(T.RandomErasing(args.random_erasing, scale=ERASE_SCALE, ratio=ERASE_RATIO, value=0))
@@ -233,14 +231,9 @@ class DeviceData:
     def __init__(self, train_ds, eval_ds, device: torch.device):
         import torch.nn.functional as F
 
-        train_x, self.train_y = (
-            torch.from_numpy(train_ds.data).to(device),
-            torch.tensor(train_ds.targets, device=device),
-        )
-        self.eval_x, self.eval_y = (
-            torch.from_numpy(eval_ds.data).to(device),
-            torch.tensor(eval_ds.targets, device=device),
-        )
+        (train_x, self.train_y), (self.eval_x, self.eval_y) = [  # uint8 NHWC images, their labels
+            (torch.from_numpy(d.data).to(device), torch.tensor(d.targets, device=device)) for d in (train_ds, eval_ds)
+        ]
         self.train_x = F.pad(train_x.permute(0, 3, 1, 2), (4, 4, 4, 4), mode="reflect").permute(0, 2, 3, 1).contiguous()
 
     def train_batches(self, indices: list[int], batch_size: int, erasing: float, seed: int, epoch: int, rank: int,

@@ -22,19 +22,11 @@ import torch.nn as nn
 import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # common/ sits beside this folder
-from cifar10 import DeviceData, eval_transform, load_splits, train_transform
+from cifar10 import DeviceData, load_splits
 from resnets import DEPTHS, CifarResNet
 
 from common import hardening  # [hardening] fault survival, one call in main(); a minimal copy deletes these lines
-from common.args import (
-    ABOVE_0,
-    AT_LEAST_0,
-    COUNT,
-    FRACTION,
-    POSITIVE,
-    PROBABILITY,
-    add_shared_args,
-)
+from common.args import ABOVE_0, AT_LEAST_0, COUNT, FRACTION, POSITIVE, PROBABILITY, add_shared_args
 from common.checkpoint import CheckpointWriter, Position, checkpoint_state, resolve_resume, resume
 from common.data import ResumableDistributedSampler, SeededDataset, loader_kwargs
 from common.distributed import all_reduce_sum, print0, setup_distributed, stop_requested, watched
@@ -173,10 +165,7 @@ def main(args: argparse.Namespace) -> None:
     channels_last = args.channels_last if args.channels_last is not None else device.type == "cuda"
 
     # ---- data: a cache of decoded images is written by one rank per host, the others wait for it
-    tf_eval = eval_transform()
-    tf_train = None if args.gpu_data else train_transform(args, tf_eval)
-    train_ds, eval_ds, eval_name = load_splits(args, tf_train, None if args.gpu_data else tf_eval, out,
-                                               writer=info.local_rank == 0)  # fmt: skip
+    train_ds, eval_ds, eval_name = load_splits(args, out, writer=info.local_rank == 0, is_main=info.is_main)
     if len(train_ds) < global_batch:
         raise UserError(f"global batch {global_batch} is larger than the {len(train_ds)} training images (lower -b)")
     # [DDP 2] each rank reads its own shard of every epoch; the order of epoch e depends only on (seed, e)

@@ -96,6 +96,7 @@ class Seams:  # where common/hardening plugs in; a plain run leaves each as it i
     batches: Callable[[Iterable, bool], Iterable] = lambda items, evaluating: items  # hardening: the stall watchdog
     stop: Callable[[int], bool] = lambda step: False  # hardening: True once every rank agrees to stop (preemption)
     loader: Callable[[], dict[str, Any]] = dict  # hardening: DataLoader workers that die with their rank
+    explain: Callable[[Exception], str | None] = lambda e: None  # hardening: memory or disk that runs out, one line
     at_cleanup: list[Callable[[], None]] = field(default_factory=list)
 
 

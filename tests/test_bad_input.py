@@ -14,6 +14,8 @@ import importlib
 import os
 import pickle
 import re
+import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -475,6 +477,11 @@ def test_bad_launch_in_real_processes(paths, tmp_path):
             {},
             "cannot resolve host 'nosuch.invalid'",
         ),
+        (  # a rank other than 0 whose master never answers under env://: one line, no C++ frames before it
+            [*cifar, "--dist-timeout", "3"],
+            {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())},
+            "failed after 3s",
+        ),
         ([PY, "scripts/doctor.py"], {"RANK": "x", "WORLD_SIZE": "2"}, "RANK='x' is not an integer"),
         ([*cifar, "--epochs", "x"], {}, "argument --epochs: invalid int value: 'x'"),
         (
@@ -491,6 +498,23 @@ def test_bad_launch_in_real_processes(paths, tmp_path):
         _, err = p.communicate(timeout=60)
         one_error_line(p.returncode, err, want)
     assert time.time() - t0 < 40  # the unresolvable address fails at once: --dist-timeout is 600 s
+
+
+@pytest.mark.parametrize("limit", ["a file-size limit", "stdout on a full device"])
+def test_a_write_that_fails_is_one_line_and_keeps_the_last_checkpoint(paths, tmp_path, limit):
+    """A checkpoint over the file-size limit (RLIMIT_FSIZE, as `ulimit -f`: the write fails with EFBIG), or stdout
+    on /dev/full: one error line, exit 2, last.pt as it was, no temporary file left."""
+    out = tmp_path / "run"
+    shutil.copytree(paths["good"], out)
+    before = sha(out / "last.pt")
+    cmd = [PY, "cifar_resnet/train.py", *CIFAR, "--max-steps", "3", "--output-dir", str(out)]
+    fsize = (lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))) if "limit" in limit else None
+    with open("/dev/full" if "full" in limit else os.devnull, "w") as stdout:
+        p = subprocess.run(cmd, cwd=REPO, stdout=stdout, stderr=subprocess.PIPE, text=True, preexec_fn=fsize,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)  # fmt: skip
+    want = "File too large (over the file-size limit" if "limit" in limit else "No space left on device"
+    one_error_line(p.returncode, p.stderr, "a write")
+    assert want in p.stderr and sha(out / "last.pt") == before and not list(out.glob(".*.tmp")), p.stderr
 
 
 def test_the_table_covers_every_entry_point():

@@ -26,7 +26,7 @@ def enable(args: argparse.Namespace, check: Callable[[argparse.Namespace], None]
     how = enable_launch(args, how, Path(args.output_dir))
     dog, stop = watchdog.Watchdog(args.stall_timeout, how.rank), preemption.Preemption()
     SEAMS.batches, SEAMS.stop = functools.partial(stop.batches, dog.batches), stop.stop
-    SEAMS.loader = workers.loader_args
+    SEAMS.loader, SEAMS.explain = workers.loader_args, checks.explain
     SEAMS.at_cleanup += [dog.stop, checks.release_locks, stop.at_cleanup]
 
 

@@ -4,7 +4,9 @@ checkpoint to resume from, and the output directory's lock: each mistake is one 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import re
 import socket
 from pathlib import Path
 from typing import IO
@@ -54,6 +56,26 @@ def check_shared(args: argparse.Namespace, writes: tuple[str, ...] = ()) -> None
     resume = out / "last.pt" if args.resume == "auto" else Path(args.resume)
     if args.resume != "none" and resume.is_file():
         check_checkpoint(resume)
+
+
+FULL = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "over the disk quota", errno.EFBIG: "over the file-size limit"}
+
+
+def explain(e: Exception) -> str | None:
+    """The one line of an exception that is no bug (``run_cli``'s ``SEAMS.explain``): a write that found the disk full
+    or a file too big (torch.save's RuntimeError holds that OSError as its context), memory that ran out, a peer that
+    ended (its own line says why); None for the rest, which stays a traceback."""
+    cause = next((c for c in (e, e.__context__) if isinstance(c, OSError) and c.errno in (*FULL, errno.EPIPE)), None)
+    if cause is not None:  # stdout may be the file that failed: nothing more is written to it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        what = f"{FULL.get(cause.errno, 'nothing reads it')}; the last checkpoint is intact"
+        return f"a write{f' to {cause.filename}' if cause.filename else ''} failed: {cause.strerror} ({what})"
+    oom = re.search(r"(\w+ out of memory|can't allocate memory)[^\n]{,160}", str(e))  # a DataLoader worker's too
+    if isinstance(e, MemoryError) or oom:
+        hint = "lower the batch, model or image size; the last checkpoint is intact"
+        return f"out of memory: {oom[0] if oom else 'a MemoryError'} ({hint})"
+    peer = re.search(r"Connection (closed|reset) by peer[^\n.]{,80}", str(e))
+    return f"a peer process ended ({peer[0]}); its own output says why" if peer else None
 
 
 def check_wandb() -> None:

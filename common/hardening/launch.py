@@ -113,8 +113,10 @@ def init_process_group(backend: str, *, init_method: str, rank: int, world_size:
     ``claim()``: the output dir's lock, which rank 0 takes and tells the others about."""
     if backend == "nccl" and not __import__("torch").cuda.is_available():
         raise UserError("--dist-backend nccl needs CUDA GPUs (use gloo on CPU)")
-    if init_method.startswith("tcp://") and rank != 0:
-        _wait_for_master(init_method, timeout.total_seconds())
+    env = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    where = env if init_method == "env://" else init_method.removeprefix("tcp://")
+    if rank != 0 and not init_method.startswith("file://"):  # a master that never answers: one line, no C++ frames
+        _wait_for_master(where, timeout.total_seconds())
     try:
         store = _attempt_store(init_method, world_size, rank, timeout)
         dist.init_process_group(backend, init_method=None if store else init_method, store=store, rank=rank,
@@ -122,8 +124,6 @@ def init_process_group(backend: str, *, init_method: str, rank: int, world_size:
     except Exception as e:  # a failed rendezvous: one actionable line, not C++ frames
         msg = str(e)
         first = (msg.strip() or type(e).__name__).splitlines()[0][:200]
-        env = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
-        where = env if init_method == "env://" else init_method
         if "EADDRINUSE" in msg or "address already in use" in msg.lower():
             raise UserError(f"port already in use at {where} (a stale job, e.g. after Ctrl-C? kill it or choose "
                             "another MASTER_PORT / --dist-url port / --rdzv-endpoint)") from None  # fmt: skip
@@ -150,9 +150,9 @@ def _attempt_store(init_method: str, world_size: int, rank: int, timeout: dateti
     return dist.PrefixStore(f"attempt_{env['TORCHELASTIC_RESTART_COUNT']}", store)
 
 
-def _wait_for_master(init_method: str, timeout_s: float) -> None:
-    """Probe tcp://HOST:PORT until it answers: an unreachable master is one line, not torch's C++ warnings."""
-    host, port = init_method[len("tcp://") :].rsplit(":", 1)
+def _wait_for_master(where: str, timeout_s: float) -> None:
+    """Probe HOST:PORT until it answers: an unreachable master is one line, not torch's C++ warnings."""
+    host, port = where.rsplit(":", 1)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -160,7 +160,7 @@ def _wait_for_master(init_method: str, timeout_s: float) -> None:
                 return
         except OSError as e:
             if time.monotonic() > deadline:
-                raise UserError(f"rendezvous with {init_method} failed after {timeout_s:.0f}s: {e.strerror or e} "
+                raise UserError(f"rendezvous with {where} failed after {timeout_s:.0f}s: {e.strerror or e} "
                                 f"({RDZV_HINT})") from None  # fmt: skip
             time.sleep(0.5)
 

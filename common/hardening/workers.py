@@ -1,9 +1,7 @@
-"""DataLoader workers that never outlive their rank and never die of the signals meant for it. They are forked from
-a fork server, not from the rank, whose threads (gloo, NCCL) may hold a lock at the fork (a hang in os.fork before
-Python 3.11.10). The server starts with the stop signals blocked, as does every worker it forks, each of which
-ignores them from its first line (``guard``): torchrun, Slurm and Ctrl-C signal the whole process group, and a worker
-killed by the signal would fail its rank before it saves. A worker dies with the server (``PR_SET_PDEATHSIG``), which
-ends with its rank."""
+"""DataLoader workers that never outlive their rank nor die of the signals meant for it. They are forked from a fork
+server, not from the rank, whose threads (gloo, NCCL) may hold a lock at the fork. The server starts with the stop
+signals blocked, as does every worker, which ignores them from its first line (``guard``): torchrun, Slurm and Ctrl-C
+signal the whole process group, and a dead worker fails its rank before it saves."""
 
 from __future__ import annotations
 
@@ -33,7 +31,7 @@ def loader_args() -> dict[str, Any]:
         forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
-    server = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    server = forkserver._forkserver._forkserver_pid  # the workers' parent: they die with it (PR_SET_PDEATHSIG)
     return {"multiprocessing_context": _WorkerContext(), "worker_init_fn": functools.partial(guard, server)}
 
 
