@@ -5,7 +5,8 @@
 transformer-fsdp: the transformer's run with --fsdp (sharded checkpoints through torch.distributed.checkpoint).
 
 A fault is one of: SIGKILL of a rank, SIGKILL of rank 0 in the middle of a checkpoint write, SIGKILL or SIGTERM of
-the torchrun agent, SIGSTOP then SIGCONT of a rank. Each follows a new checkpoint by a random number of steps, and
+the torchrun agent, SIGSTOP then SIGCONT of a rank. Each follows a new checkpoint by a random number of steps, or
+(the start-up faults: SIGKILL of a rank or the agent, SIGTERM of the agent) the ranks' appearance by 0.2 to 4 s, and
 each is followed by the same command again, until the run ends; then a new run starts. An ending is bit-identical
 when every tensor of last.pt (weights, optimizer, EMA, gradient scaler) and the position equal the uninterrupted run's,
 and metrics.jsonl holds the same records (clock fields aside), each step once. The log holds one JSON line per fault
@@ -29,7 +30,8 @@ import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-KINDS = ("kill rank", "kill rank 0 mid-write", "kill agent", "term agent", "stop rank")
+KINDS = ("kill rank", "kill rank 0 mid-write", "kill agent", "term agent", "stop rank",
+         "kill rank at start-up", "kill agent at start-up", "term agent at start-up")  # fmt: skip
 CLOCK = ("time", "img_per_s", "tok_per_s")
 # the training state a checkpoint holds (and the transformer's eval_step, compared where both checkpoints hold one)
 STATE = ("model", "optimizer", "scaler", "ema", "epoch", "step", "batch_in_epoch", "best_metric", "log_lines")
@@ -126,16 +128,23 @@ def launch(cmd: list[str], log) -> subprocess.Popen:
     return subprocess.Popen(torchrun + cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
-def inject(kind: str, proc: subprocess.Popen, out: Path, rng: random.Random, target: int) -> tuple[bool, list[int]]:
-    """Wait until last.pt holds step ``target`` (a checkpoint write, for the mid-write kill), then throw the fault.
-    False if the run ended first."""
-    while proc.poll() is None and step_of(out) < target:
+def inject(kind: str, proc: subprocess.Popen, out: Path, rng: random.Random, target: int) -> tuple[bool, list, str]:
+    """Wait until last.pt holds step ``target`` (a checkpoint write, for the mid-write kill), or for a start-up fault
+    until the ranks appear and then 0.2 to 4 s more, then throw the fault. False if the run ended first; the ranks;
+    when it came."""
+    start_up, kind = kind.endswith(" at start-up"), kind.removesuffix(" at start-up")
+    while start_up and proc.poll() is None and len(ranks_of(proc.pid)) < 2:
+        time.sleep(0.02)
+    delay = rng.uniform(0.2, 4) if start_up else 0
+    time.sleep(delay)
+    when = f"{delay:.1f}s after the ranks appeared" if start_up else f"after step {target}"
+    while not start_up and proc.poll() is None and step_of(out) < target:
         time.sleep(0.05)
     while kind.endswith("write") and proc.poll() is None and not writing(out):
         time.sleep(0.001)
     ranks = ranks_of(proc.pid) if proc.poll() is None else []
     if len(ranks) < 2:
-        return False, ranks
+        return False, ranks, when
     if kind == "kill rank 0 mid-write":  # stopped, then killed only if the write is still going
         os.kill(ranks[0], signal.SIGSTOP)
         if not writing(out):
@@ -151,7 +160,7 @@ def inject(kind: str, proc: subprocess.Popen, out: Path, rng: random.Random, tar
         os.kill(victim, signal.SIGSTOP)
         time.sleep(rng.uniform(0.5, 3))
         os.kill(victim, signal.SIGCONT)
-    return True, ranks
+    return True, ranks, when
 
 
 def checkpoint(out: Path) -> dict:  # last.pt, with the weights and optimizer state of its shards under --fsdp
@@ -208,7 +217,7 @@ def main() -> None:
                 more = sum(thrown.values()) < args.faults and time.time() - t_start < args.budget_s
                 kind = rng.choice(KINDS) if more else None
                 target = step_of(out) + rng.randint(1, 3)
-                hit, ranks = inject(kind, proc, out, rng, target) if kind else (False, [])
+                hit, ranks, when = inject(kind, proc, out, rng, target) if kind else (False, [], "")
                 try:
                     rc = proc.wait(timeout=300)
                 except subprocess.TimeoutExpired:
@@ -223,7 +232,7 @@ def main() -> None:
                 if hit:
                     thrown[kind] += 1
                     survived[kind] += not orphans and rc != "hung"
-                    rec = {"fault": kind, "run": run, "after_step": target, "exit": rc, "orphaned_ranks": len(orphans)}
+                    rec = {"fault": kind, "run": run, "when": when, "exit": rc, "orphaned_ranks": len(orphans)}
                     rec["saved_exit_75"] = "(exit 75)" in leg.read_text()
                     log.write(json.dumps(rec) + "\n")
                 if rc == 0:

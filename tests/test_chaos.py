@@ -86,18 +86,35 @@ def communicate(proc, timeout: float, fault: str) -> str:
 def test_a_schedule_of_faults_ends_as_an_uninterrupted_run(tmp_path, tmp_path_factory):
     """SIGKILL of rank 1; SIGKILL of rank 0 in the middle of a checkpoint write (the temporary file it leaves is gone
     after the rerun); SIGKILL of the torchrun agent (the ranks exit by themselves); SIGTERM of the agent (the ranks
-    save and exit 75); SIGSTOP then SIGCONT of rank 1 (the run finishes). Each fault follows a new checkpoint, so
-    every rerun resumes mid-run. (A rerun of a finished run: test_cifar.py::test_final_evaluation_happens_once.)"""
+    save and exit 75); SIGTERM of the agent 1.5 s after the ranks appear (they start: nothing new to save); SIGSTOP
+    then SIGCONT of rank 1 (the run finishes). Each fault but the start-up one follows a new checkpoint, so every
+    rerun resumes mid-run. (A rerun of a finished run: test_cifar.py::test_final_evaluation_happens_once.)"""
     data, out = cifar_data(tmp_path_factory), tmp_path / "run"
     ref = cifar_loader_reference(tmp_path_factory)
     cmd = torchrun_cmd(2, *cifar_loader_cmd(data, out))
     step, left = 0, []
-    for fault in ("kill rank 1", "kill rank 0 mid-write", "kill agent", "term agent", "stop rank 1"):
+    faults = (
+        "kill rank 1",
+        "kill rank 0 mid-write",
+        "kill agent",
+        "term agent",
+        "term agent at start-up",
+        "stop rank 1",
+    )
+    for fault in faults:
         proc = popen(cmd)
-        wait_for_step(out, step + 1, proc)
+        while fault.endswith("start-up") and not (
+            descendants_with_rank(proc.pid, 0) and descendants_with_rank(proc.pid, 1)
+        ):
+            time.sleep(0.02)
+        if not fault.endswith("start-up"):
+            wait_for_step(out, step + 1, proc)
         assert not set(left) & set(writing(out)), "a temporary file of a killed write survived the rerun"
         ranks = [descendants_with_rank(proc.pid, r)[0] for r in (0, 1)]
-        if fault == "kill rank 1":
+        if fault == "term agent at start-up":
+            time.sleep(1.5)
+            os.kill(proc.pid, signal.SIGTERM)
+        elif fault == "kill rank 1":
             os.kill(ranks[1], signal.SIGKILL)
         elif fault == "kill rank 0 mid-write":
             kill_mid_write(out, ranks[0])
@@ -120,6 +137,7 @@ def test_a_schedule_of_faults_ends_as_an_uninterrupted_run(tmp_path, tmp_path_fa
         assert fault == "stop rank 1" or time.time() < thrown + 20, (fault, log[-3000:])
         if fault == "term agent":
             assert "rerun the same command to continue (exit 75)" in log, log[-3000:]
+        assert "[rank" not in log, (fault, log[-3000:])  # no traceback from a rank
         assert (proc.returncode == 0) == (fault == "stop rank 1"), (fault, proc.returncode, log[-3000:])
         step = torch.load(out / "last.pt", weights_only=True)["step"]
     a, b = (torch.load(d / "last.pt", weights_only=True) for d in (ref, out))
