@@ -177,6 +177,24 @@ def test_resume_with_another_global_batch_keeps_the_epoch_position_and_rescales_
     assert (last["step"], last["batch_in_epoch"], last["epoch"]) == (5, 8, 0)
 
 
+@pytest.mark.parametrize("epochs", [2, 1])
+def test_another_global_batch_at_an_epochs_end(tmp_path, monkeypatch, capsys, epochs):
+    """A checkpoint at an epoch's end (16 steps x 4 images of 64), resumed with -b 2 (as on another world size): with
+    --epochs 2 the second epoch runs whole (32 steps of 2), each epoch evaluated once; at the last epoch's end
+    (--epochs 1) the rerun has nothing to do and changes no file."""
+    args = ["--dummy", "--dummy-sizes", "64", "5", *TINY, "--epochs", str(epochs), "--output-dir", tmp_path]
+    in_process(monkeypatch, *args, "--max-steps", "16")
+    files = {f.name: f.read_bytes() for f in tmp_path.iterdir()}
+    in_process(monkeypatch, *args, "-b", "2")
+    last = ckpt(tmp_path / "last.pt")
+    if epochs == 1:
+        assert "already finished: nothing to do" in capsys.readouterr().out
+        assert {f.name: f.read_bytes() for f in tmp_path.iterdir()} == files
+    else:
+        assert (last["step"], last["batch_in_epoch"], last["epoch"]) == (48, 0, 2)
+        assert [(r["epoch"], r["step"]) for r in records(tmp_path, "val")] == [(1, 16), (2, 48)]
+
+
 def test_sigterm_to_the_spawning_parent_checkpoints_and_exits_75(tmp_path):
     """The parent of --multiprocessing-distributed forwards SIGTERM (Slurm preemption) to its workers,
     which save last.pt at the next step boundary; the parent exits 75 (rerun to resume)."""
