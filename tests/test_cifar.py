@@ -195,19 +195,19 @@ def test_resume_under_another_world_size_continues_the_epoch(tmp_path, tiny_imag
 
 
 @pytest.mark.parametrize("epochs", [2, 1])
-def test_another_world_size_at_an_epochs_end(tmp_path, tiny_imagefolder, monkeypatch, epochs):
-    """1 process x 4 images to the end of the first epoch (10 steps), then 2 processes x 4 (torchrun, 5 steps an
-    epoch): with --epochs 2 the second epoch runs whole, each epoch evaluated once; at the last epoch's end (--epochs
-    1) the rerun has nothing to do and changes no file."""
+def test_another_world_size_at_an_epochs_end(tmp_path, tiny_imagefolder, monkeypatch, capsys, epochs):
+    """4 images a step to the end of the first epoch (10 steps), then 8 (-b 8, as 2 processes x 4 would take: 5 steps
+    an epoch), in this process: with --epochs 2 the second epoch runs whole, each epoch evaluated once; at the last
+    epoch's end (--epochs 1) the rerun has nothing to do and changes no file."""
     out = tmp_path / "run"
     cmd = ["cifar_resnet/train.py", "--data-dir", tiny_imagefolder, "--epochs", str(epochs), "-j", "0",
            "--output-dir", out, *TINY]  # fmt: skip
     in_process(monkeypatch, *cmd[1:], "--max-steps", "10")
     files = {f.name: f.read_bytes() for f in out.iterdir() if f.name != ".lock"}  # the lock names its holder
-    p = torchrun(2, *cmd)
+    in_process(monkeypatch, *cmd[1:], "-b", "8")
     last = torch.load(out / "last.pt", weights_only=True)
     if epochs == 1:
-        assert "already finished: nothing to do" in p.stdout
+        assert "already finished: nothing to do" in capsys.readouterr().out
         assert {f.name: f.read_bytes() for f in out.iterdir() if f.name != ".lock"} == files
     else:
         assert (last["epoch"], last["batch_in_epoch"], last["step"]) == (2, 0, 15)
