@@ -107,7 +107,6 @@ def figures() -> list[tuple]:
     mfu = lambda log, what: 100 * row(log, what, "mfu")  # noqa: E731
     bare = lambda log, what: (row(log, what, "tok_per_s"), mfu(log, what), row(log, what, "first_step_s"))  # noqa: E731
     trl, prof, prof_mm = "tr_base_m8_small_scripts_1xh100.log", "transformer_base_packed_bare_profile_1xh100.txt", grab("transformer_base_packed_bare_profile_1xh100.txt", r"matmul: ([\d.]+) ms")
-    st = {(r["script"].split("/")[0], r["mode"]): r for r in json.loads(text("startup_gc_2core.json"))["rows"]}
     m8 = [median(f"tr_base_m8_compile_{n}xh200.jsonl", "tok_per_s") for n in (1, 2)]
     fs = lambda p, n, m: f"tr_{p}_m8_{m}_{n}xh200.jsonl"  # noqa: E731
     peak = lambda log: max(r["max_mem_gib"] for r in records(log))  # noqa: E731
@@ -179,9 +178,6 @@ def figures() -> list[tuple]:
         (IN, "{:,.0f} img/s,\n{:.1f}% of `--dummy`", ji["tg"], 100 * ji["tg"] / ji["dg"]),
         # BENCHMARKS.md, random faults (bench/chaos.py)
         *[chaos(s) for s in ("cifar", "transformer", "transformer-fsdp", "imagenet")],
-        # BENCHMARKS.md, process start-up: CPU time with gc on, then off during the imports and frozen
-        *[(B, "| {:.2f} s | {:.2f} s | {:.0f}% |", on["cpu_median_s"], off["cpu_median_s"], 100 * (1 - off["cpu_median_s"] / on["cpu_median_s"]))
-          for on, off in ((st[s, "gc on"], st[s, "gc off, frozen"]) for s in ("cifar_resnet", "imagenet", "transformer"))],
     ]
 # fmt: on
 
