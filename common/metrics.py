@@ -28,6 +28,8 @@ class MetricsLogger:
             lines = path.read_text().splitlines(True)[:keep] if keep and path.is_file() else []
             path.write_text("".join(lines))
             pos.log_lines = len(lines)
+            if not keep:  # a fresh run: the best of the run it replaces is not its own
+                (out / "best.pt").unlink(missing_ok=True)
 
     def start(self, args: Any, info: DistInfo, project: str, **extra: Any) -> None:
         """Write config.json (arguments, world, versions); start or resume the wandb run (its id: ``pos.wandb_id``)."""

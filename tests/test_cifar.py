@@ -194,6 +194,18 @@ def test_resume_under_another_world_size_continues_the_epoch(tmp_path, tiny_imag
     assert (last["epoch"], last["batch_in_epoch"], last["step"]) == (2, 0, 11)
 
 
+def test_overwrite_starts_every_file_of_the_run_over(tmp_path, tiny_imagefolder, monkeypatch):
+    """--resume none --overwrite where a run saved: metrics.jsonl holds the new run's records alone, config.json its
+    arguments, and the old run's best.pt is gone until the new run evaluates (here it never does)."""
+    out = tmp_path / "run"
+    cmd = ["--data-dir", tiny_imagefolder, "--epochs", "1", "-j", "0", "--output-dir", out, *TINY]
+    in_process(monkeypatch, *cmd, "--max-steps", "4")
+    assert (out / "best.pt").exists() and len(records(out)) == 5  # 4 steps, an evaluation
+    in_process(monkeypatch, *cmd, "--max-steps", "2", "--eval-every", "0", "--resume", "none", "--overwrite")
+    assert [(r["split"], r["step"]) for r in records(out)] == [("train", 1), ("train", 2)]
+    assert json.loads((out / "config.json").read_text())["max_steps"] == 2 and not (out / "best.pt").exists()
+
+
 @pytest.mark.parametrize("epochs", [2, 1])
 def test_another_world_size_at_an_epochs_end(tmp_path, tiny_imagefolder, monkeypatch, capsys, epochs):
     """4 images a step to the end of the first epoch (10 steps), then 8 (-b 8, as 2 processes x 4 would take: 5 steps
