@@ -64,8 +64,7 @@ def load_batch(path: Path) -> dict:
             entry = Unpickler(f, encoding="latin1").load()
     except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError) as e:
         raise UserError(f"cannot read CIFAR-10 batch {path}: {e} (download it again with --download)") from None
-    entry = entry if isinstance(entry, dict) else {}
-    data, labels = entry.get("data"), entry.get("labels")
+    data, labels = (entry.get("data"), entry.get("labels")) if isinstance(entry, dict) else (None, None)
     good = isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2 and data.shape[1] == 3072
     good = good and isinstance(labels, list) and len(labels) == len(data)
     if not (good and all(type(y) is int and 0 <= y < 10 for y in labels)):
@@ -100,8 +99,7 @@ def _decode(paths: list[str]) -> np.ndarray:
                 out.append(np.asarray(im.convert("RGB")))  # what ImageFolder's default loader gives
         except (OSError, ValueError, SyntaxError) as e:  # PIL: unidentified, truncated, broken stream
             raise UserError(f"unreadable image {p} ({str(e).splitlines()[0][:120]}) (fix or delete it)") from None
-    shapes = {a.shape for a in out}
-    if len(shapes) > 1:
+    if len(shapes := {a.shape for a in out}) > 1:
         raise ValueError(f"images of several sizes {sorted(shapes)[:3]} (the decode cache needs one size)")
     return np.stack(out) if out else np.zeros((0, 32, 32, 3), np.uint8)
 
@@ -111,7 +109,7 @@ def folder_fingerprint(samples: list[tuple[str, int]]) -> str:
     h = hashlib.sha256()
     for path, label in sorted(samples):
         st = os.stat(path)
-        h.update(f"{path}\0{label}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        h.update(f"{path}\0{label}\0{st.st_size}\0{st.st_mtime_ns}\n".encode(errors="surrogateescape"))
     return h.hexdigest()[:16]
 
 
@@ -119,15 +117,19 @@ def decode_folder(folder: Path, cache_dirs: tuple[Path, ...], workers: int, writ
     """An ImageFolder decoded once into ``.decoded-<split>-<hash>.npz`` in the first writable cache dir: ``writer``
     (one rank per host) decodes with ``workers`` processes and writes it atomically. Call on every rank (a barrier).
     ``classes``: the training set's class names, which label this folder by name, so a class it lacks shifts none."""
-    import multiprocessing
-
     from torchvision.datasets import ImageFolder
 
     try:
         found = ImageFolder(str(folder))
-    except (FileNotFoundError, OSError) as e:
-        raise UserError(f"bad ImageFolder {folder}: {e}") from None
+    except (OSError, RecursionError) as e:  # os.walk recurses: nesting past Python's limit ends it
+        raise UserError(f"bad ImageFolder {folder}: {e if isinstance(e, OSError) else 'nested too deep'}") from None
     samples, classes = found.samples, classes or found.classes
+    real = {}  # ImageFolder follows symlinks: one back into the tree lists its images again, under another class
+    for d in sorted({os.path.dirname(p) for p, _ in samples}, key=lambda d: (len(d), d)):
+        if real.setdefault(os.path.realpath(d), d) != d:
+            raise UserError(f"{d} is {real[os.path.realpath(d)]} again, through a symlink (remove the link)")
+    if odd := next((p for p, _ in samples if not os.path.isfile(p)), None):  # a FIFO would block its reader
+        raise UserError(f"unreadable image {odd} (not a regular file: a dangling symlink, a FIFO?) (fix or delete it)")
     if unknown := sorted(set(found.classes) - set(classes)):
         raise UserError(f"{folder} has class folders that train/ lacks: {', '.join(unknown[:5])} (name them alike)")
     samples = [(p, classes.index(found.classes[t])) for p, t in samples]
@@ -143,6 +145,7 @@ def decode_folder(folder: Path, cache_dirs: tuple[Path, ...], workers: int, writ
             if workers < 1 or len(chunks) == 1:
                 data = _decode(paths)
             else:  # processes from a fork server: a fork of this process, with gloo's threads, can hang
+                import multiprocessing
                 from concurrent.futures import ProcessPoolExecutor
 
                 ctx = multiprocessing.get_context("forkserver" if sys.platform == "linux" else "spawn")
@@ -152,9 +155,8 @@ def decode_folder(folder: Path, cache_dirs: tuple[Path, ...], workers: int, writ
             raise UserError(f"cannot decode {folder}: {e}") from None
         with atomic_write(path) as f:
             np.savez(f, data=data, targets=np.array([t for _, t in samples], dtype=np.int64))
-        for old in cache_dir.glob(f".decoded-{folder.name}-*.npz"):  # caches of older versions of the folder
-            if old != path:
-                old.unlink(missing_ok=True)
+        for old in set(cache_dir.glob(f".decoded-{folder.name}-*.npz")) - {path}:  # of older versions of the folder
+            old.unlink(missing_ok=True)
         print0(f"decoded {len(paths)} images of {folder} into {path}")
     broadcast_object(None)  # a collective: the other ranks wait here for the file
     with np.load(path) as z:

@@ -12,10 +12,8 @@ DEPTHS = {"resnet20": 3, "resnet32": 5, "resnet44": 7, "resnet56": 9, "resnet110
 class BasicBlock(nn.Module):
     def __init__(self, c_in: int, c_out: int, stride: int):
         super().__init__()
-        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(c_out)
-        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(c_out)
+        self.conv1, self.bn1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False), nn.BatchNorm2d(c_out)
+        self.conv2, self.bn2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False), nn.BatchNorm2d(c_out)
         self.stride, self.extra = stride, c_out - c_in
 
     def forward(self, x):
@@ -28,8 +26,7 @@ class BasicBlock(nn.Module):
 class CifarResNet(nn.Module):
     def __init__(self, blocks_per_stage: int, num_classes: int = 10):
         super().__init__()
-        self.conv1 = nn.Conv2d(3, 16, 3, 1, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(16)
+        self.conv1, self.bn1 = nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16)
         layers, c_in = [], 16
         for c_out, stride in ((16, 1), (32, 2), (64, 2)):
             for i in range(blocks_per_stage):

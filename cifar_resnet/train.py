@@ -38,9 +38,8 @@ ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", *DEPTHS)
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
     g = p.add_argument_group("data")
     g.add_argument("--data-dir", default="data/cifar10",
                    help="torchvision CIFAR-10 root, or ImageFolder with train/ and test/ (or val/)")  # fmt: skip
@@ -226,9 +225,8 @@ def main(args: argparse.Namespace) -> None:
         return print0(f"done: step {pos.step} (already finished: nothing to do)")
     same_run = ckpt_path is not None and ckpt_path.resolve().parent == out.resolve()
     logger = MetricsLogger(out, info, pos, keep=pos.log_lines if same_run else 0, total=max_steps)
-    logger.start(
-        args, info, "cifar_resnet", global_batch=global_batch, peak_lr=peak_lr, steps_per_epoch=steps_per_epoch
-    )
+    logger.start(args, info, "cifar_resnet", global_batch=global_batch, peak_lr=peak_lr,
+                 steps_per_epoch=steps_per_epoch)  # fmt: skip
     writer = CheckpointWriter()
     print0(f"{args.arch} on {len(train_ds)} images | {info.world_size} process(es) on {device.type} ({info.launcher}) "
            f"| global batch {global_batch} = {args.batch_size} x {info.world_size} x {args.accum_steps} | peak lr "

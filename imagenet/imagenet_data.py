@@ -25,6 +25,8 @@ class CheckedImageFolder(torchvision.datasets.ImageFolder):
     def __getitem__(self, i):
         path, target = self.samples[i]
         try:
+            if not os.path.isfile(path):  # a FIFO would block this worker
+                raise OSError("not a regular file: a dangling symlink, a FIFO?")
             return self.transform(self.loader(path)), target
         except (OSError, ValueError, SyntaxError) as e:  # PIL: unidentified, truncated, broken stream
             why = "not an image PIL can identify" if isinstance(e, PIL.UnidentifiedImageError) else str(e)
@@ -33,9 +35,15 @@ class CheckedImageFolder(torchvision.datasets.ImageFolder):
 
 def image_folder(root: Path, tf) -> CheckedImageFolder:
     try:
-        return CheckedImageFolder(str(root), transform=tf)
-    except (FileNotFoundError, OSError) as e:
-        raise UserError(f"bad ImageFolder {root}: {str(e).splitlines()[0][:200]}") from None
+        found = CheckedImageFolder(str(root), transform=tf)
+    except (OSError, RecursionError) as e:  # os.walk recurses: nesting past Python's limit ends it
+        why = str(e).splitlines()[0][:200] if isinstance(e, OSError) else "nested too deep"
+        raise UserError(f"bad ImageFolder {root}: {why}") from None
+    real = {}  # ImageFolder follows symlinks: one back into the tree lists its images again, under another class
+    for d in sorted({os.path.dirname(p) for p, _ in found.samples}, key=lambda d: (len(d), d)):
+        if real.setdefault(os.path.realpath(d), d) != d:
+            raise UserError(f"{d} is {real[os.path.realpath(d)]} again, through a symlink (remove the link)")
+    return found
 
 
 def transforms(args):

@@ -9,6 +9,7 @@ unchanged ``last.pt``. A few cases expect a warning and a finished run instead. 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import os
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -152,6 +154,22 @@ CASES = [
     ("cifar", ["--data-dir", "{cifar_list}", "-j", "0"], [], {}, "data_batch_1 is not a CIFAR-10 batch"),
     ("cifar", ["--data-dir", "{cifar_label11}", "-j", "0"], [], {}, "data_batch_1 is not a CIFAR-10 batch"),
     ("cifar", ["--data-dir", "{cifar10}", "-j", "0", "-b", "16"], [], {}, "global batch 16 is larger than the 10 "),
+    # ---- cifar: paths the OS refuses, bytes that are not UTF-8, odd ImageFolder trees
+    ("cifar", CIFAR, ["--output-dir", "{long}/run"], {}, "cannot look up {long}/run: File name too long"),
+    ("cifar", CIFAR, ["--resume", "{long}.pt"], {}, "cannot look up {long}.pt: File name too long"),
+    ("cifar", ["--data-dir", "{long}", "-j", "0"], [], {}, "cannot look up {long}: File name too long"),
+    ("cifar", CIFAR, ["--output-dir", "{loop}/run"], {}, "cannot look up {loop}/run: Too many levels of symbolic"),
+    ("cifar", ["--data-dir", "{cifar_ff}", "-j", "0", "-b", "16"], [], {}, "global batch 16 is larger than the 10 "),
+    ("cifar", CIFAR, ["--output-dir", "{metrics_ff}", "--max-steps", "2"], {},
+     "{metrics_ff}/metrics.jsonl is not UTF-8 text (byte 28) (move it away)"),  # a resume there keeps its first lines
+    ("cifar", ["--data-dir", "{cifar_loop}", "-j", "0"], [], {},
+     "{cifar_loop}/train/class0/loop/class0 is {cifar_loop}/train/class0 again"),
+    ("cifar", ["--data-dir", "{cifar_dangling}", "-j", "0"], [], {},
+     "unreadable image {cifar_dangling}/train/class0/gone.jpg (not a regular file: a dangling symlink, a FIFO"),
+    ("cifar", ["--data-dir", "{cifar_fifo}", "-j", "0"], [], {},
+     "unreadable image {cifar_fifo}/train/class0/fifo.jpg (not a regular file"),  # opening it would block
+    ("cifar", ["--data-dir", "{cifar_deep}", "-j", "0"], [], {}, "bad ImageFolder {cifar_deep}/train: nested too deep"),
+    ("cifar", ["--data-dir", "{cifar_file9}", "-j", "0"], [], {}, "train has 9 class folders but the model has 10"),
     # ---- imagenet
     ("imagenet", INET, ["--train-crop-size", "-5"], {}, "argument --train-crop-size: -5 must be at least 1"),
     ("imagenet", INET, ["--train-crop-size", "0"], {}, "argument --train-crop-size: 0 must be at least 1"),
@@ -196,6 +214,12 @@ CASES = [
      ["--train-crop-size", "10000000"], {}, "out of memory: can't allocate memory"),  # 2.4 PB: beyond any address space
     ("imagenet", ["{inet_bad}", *INET[1:], "--output-dir", "{tmp}/o"], [], {},
      "unreadable image {inet_bad}/train/class0/00002.jpg (not an image"),
+    ("imagenet", ["{long}"], [], {}, "cannot look up {long}: File name too long"),
+    ("imagenet", ["{inet_loop}", *INET[1:], "--max-steps", "1", "--output-dir", "{tmp}/o"], [], {},
+     "{inet_loop}/train/class0/loop/class0 is {inet_loop}/train/class0 again"),
+    ("imagenet", ["{inet_fifo}", *INET[1:], "--output-dir", "{tmp}/o"], [], {},
+     "unreadable image {inet_fifo}/train/class0/fifo.jpg (not a regular file"),  # opening it would block
+    ("imagenet", ["{inet_deep}", *INET[1:], "--output-dir", "{tmp}/o"], [], {}, "/train: nested too deep"),
     # ---- transformer
     ("transformer", TR, ["--heads", "3"], {}, "--heads 3 does not divide the width 64"),
     ("transformer", TR, ["--d-model", "0"], {}, "argument --d-model: 0 must be at least 1"),
@@ -244,6 +268,11 @@ CASES = [
      "save_to_disk wrote, or a directory of text files)"),  # after the datasets package's own words
     ("transformer", ["--data", "{corpus_empty}", "--lang-src", "de", "--lang-tgt", "en"], [], {},
      "every training pair has an empty side"),
+    ("transformer", ["--data", "{long}", "-j", "0"], [], {}, "cannot look up {long}: File name too long"),
+    ("transformer", ["--data", "{corpus_ffname}", "--lang-src", "de", "--lang-tgt", "en"], [], {},
+     "languages found: en, \\udcff;"),  # a file name of other bytes, printed as Python prints it on stderr
+    ("transformer", ["--data", "{corpus_fifo}", "--lang-src", "de", "--lang-tgt", "en"], [], {},
+     "no train.de and train.en (optionally .gz) in {corpus_fifo} (languages found: en;"),  # a FIFO is no file
     # ---- translate
     ("translate", ["--checkpoint", "{text}", "hallo"], [], {}, NOT_CKPT),
     ("translate", ["--checkpoint", "{json}", "hallo"], [], {}, NOT_CKPT),
@@ -265,6 +294,11 @@ CASES = [
     ("translate", ["--checkpoint", "x.pt", "--max-tokens", "-1", "hi"], [], {}, "--max-tokens: -1 must be at least 1"),
     ("translate", ["--checkpoint", "x.pt", "--input", "{text}", "hallo"], [], {}, "not both"),
     ("translate", ["--checkpoint", "x.pt", "--beam", "x"], [], {}, "argument --beam: invalid int value: 'x'"),
+    ("translate", ["--checkpoint", "x.pt", "--output", "{long}", "hallo"], [], {}, "cannot look up {long}: File name"),
+    ("translate", ["--checkpoint", "x.pt", "ok", "Gr\udcfc\udcdfe"], [], {},
+     "sentence 2 (b'Gr\\xfc\\xdfe') is not UTF-8 (convert it"),  # bytes of another encoding on the command line
+    ("translate", ["--checkpoint", "{tr_ok}", "--output", "{devfull}", "hallo"], [], {},
+     "cannot write the translations to {devfull}: No space left on device"),  # a device: written, not replaced
     ("translate", ["hallo"], [], {}, "the following arguments are required: --checkpoint"),
     # ---- doctor
     ("doctor", DOCTOR, ["--size-mb", "0"], {}, "argument --size-mb: 0 must be a finite number above 0"),
@@ -280,11 +314,44 @@ CASES = [
     ("doctor", DOCTOR, [], {"RANK": "0", **ENV1, "MASTER_PORT": "99999"}, "127.0.0.1:99999 has no valid port"),
     ("doctor", DOCTOR, [], {"RANK": "1", **ENV1, "MASTER_ADDR": ""}, "MASTER_ADDR is not set"),
 ]
+
+# Cases that need a process of their own, one parallel batch: (script, base args, extra args, environment, what the
+# error line holds, how the process runs): under a file size limit (bash's ulimit -f, KiB: Python ignores SIGXFSZ, so
+# a write fails with EFBIG); on a filesystem of its own at {mnt} (a tmpfs, read-only or small, in a user and mount
+# namespace of its own); under permission bits that bind root too (in a user namespace that maps no user, root is the
+# files' owner, not the superuser); with stdout or stderr that cannot be written; with stdin in latin-1; signalled
+# once it holds its output dir, while it starts (after the interpreter's imports, before training). Where the system
+# has no user namespaces, those cases skip.
+TR_OK = ["--checkpoint", "{tr_ok}"]
+REAL = [
+    ("translate", TR_OK, ["hallo"], {}, "cannot write the translations to stdout: No space left on device",
+     "stdout /dev/full"),
+    ("translate", TR_OK, ["hallo"], {}, "cannot write the translations to stdout: Broken pipe", "stdout closed pipe"),
+    ("translate", TR_OK, [], {}, "cannot read /dev/stdin: not UTF-8 (invalid start byte at byte 2) (convert it, e.g. "
+     "iconv -f latin1 -t utf-8)", "stdin latin-1"),  # in the pipe: no file to name
+    ("translate", TR_OK, ["hallo"], {}, "stdout is closed, and the translations go there", "stdout closed"),
+    ("translate", TR_OK, ["--input", "{blank}", "--output", "{tmp}/o.txt"], {},
+     "cannot write the translations to {tmp}/o.txt: File too large", "ulimit -f 1"),
+    ("translate", TR_OK, ["--output", "{mnt}/o.txt", "hallo"], {}, "cannot write in {mnt} (Read-only file system",
+     "tmpfs ro"),
+    ("translate", ["--checkpoint", "{noread}", "hallo"], [], {}, "cannot read checkpoint {noread}: Permission denied",
+     "unshare -U"),
+    ("translate", TR_OK, ["--output", "{nowrite}/o.txt", "hallo"], {}, "cannot write in {nowrite} (Permission denied",
+     "unshare -U"),
+    ("cifar", CIFAR, ["--output-dir", "{tmp}/int"], {}, "stopped by SIGINT (Ctrl-C)", "SIGINT at start"),
+]
+# A write that fails once the run is under way (a checkpoint, a log line) or the error line's own: one line and exit 2
+MID_RUN = [
+    ("cifar", CIFAR, ["--max-steps", "1", "--output-dir", "{tmp}/fsize"], {}, "", "ulimit -f 200"),
+    ("cifar", CIFAR, ["--max-steps", "1", "--output-dir", "{mnt}/o"], {}, "", "tmpfs size=300k"),
+    ("cifar", CIFAR, ["--max-steps", "1", "--output-dir", "{tmp}/full"], {}, "", "stdout /dev/full"),
+    ("translate", ["--checkpoint", "{text}", "hallo"], [], {}, "", "stderr /dev/full"),  # only the exit code tells
+]
 # fmt: on
 
 
 def case_id(i: int, case) -> str:
-    script, _, extra, env, want = case
+    script, _, extra, env, want = case[:5]
     return f"{i:03d}-{script}:{' '.join(extra) or ' '.join(f'{k}={v}' for k, v in env.items()) or want[:30]}"
 
 
@@ -293,7 +360,7 @@ def sha(path: Path) -> tuple[str, int]:
 
 
 @pytest.fixture(scope="module")
-def paths(tmp_path_factory) -> dict[str, Path]:
+def paths(tmp_path_factory) -> Iterator[dict[str, Path]]:
     """A finished cifar run ({good}), files that are not checkpoints, broken datasets of each kind."""
     root = tmp_path_factory.mktemp("bad")
     p = {"good": root / "good", "evil_marker": root / "evil_ran"}
@@ -338,6 +405,7 @@ def paths(tmp_path_factory) -> dict[str, Path]:
     (p["inet_mixed"] / "val" / "b").mkdir(parents=True)
     p["inet_bad"] = make_jpeg_imagefolder(root / "inet_bad", {"train": 8, "val": 5}, classes=2, size=35)
     (p["inet_bad"] / "train" / "class0" / "00002.jpg").write_bytes(b"GIF89a, or not")
+    odd_trees(p, root)
     from text import synthetic_corpus
 
     pairs = synthetic_corpus(0, (40, 0, 0))["train"]
@@ -355,7 +423,56 @@ def paths(tmp_path_factory) -> dict[str, Path]:
         else:
             enc = {"corpus_latin1": "latin1", "corpus_utf16": "utf-16"}.get(name, "utf-8")
             (d / "train.de").write_bytes(("\n".join(de) + "\n").encode(enc))
-    return p
+    for name in ("corpus_ffname", "corpus_fifo"):  # train.<bytes that are not UTF-8>; a FIFO as train.de
+        p[name] = root / name
+        p[name].mkdir()
+        (p[name] / "train.en").write_text("\n".join(pairs[1]) + "\n")
+    (p["corpus_ffname"] / "train.\udcff").write_text("\n".join(pairs[0]) + "\n")
+    os.mkfifo(p["corpus_fifo"] / "train.de")
+    p["tr_ok"] = root / "tr_ok.pt"  # a transformer checkpoint translate.py can use: a tiny model, a word-level vocab
+    from dataclasses import asdict
+
+    from seq2seq import ModelConfig, Transformer
+
+    vocab = {w: i for i, w in enumerate(["<pad>", "<unk>", "<s>", "</s>", "hallo", "welt"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>")).to_str()
+    cfg = ModelConfig(8, d_model=8, n_heads=2, enc_layers=1, dec_layers=1, d_ff=16, dropout=0.0, max_positions=16)
+    torch.save({"model": Transformer(cfg).state_dict(), "tokenizer": tok, "model_config": asdict(cfg)}, p["tr_ok"])
+    yield p
+    subprocess.run(["rm", "-rf", *(str(p[k]) for k in ("cifar_deep", "inet_deep"))])  # beyond shutil's recursion
+
+
+def odd_trees(p: dict[str, Path], root: Path) -> None:
+    """Paths the OS refuses (a name over NAME_MAX, a symlink loop), a run dir whose metrics.jsonl is not UTF-8, a
+    CIFAR ImageFolder at a path of other bytes, and ImageFolders with a symlink back into themselves, a dangling
+    symlink, a FIFO, folders nested beyond Python's recursion limit, a class folder that is a file."""
+    p["long"], p["loop"], p["devfull"] = root / ("x" * 256), root / "loop_a", root / "devfull"
+    os.symlink("loop_b", p["loop"])
+    os.symlink("loop_a", root / "loop_b")
+    os.symlink("/dev/full", p["devfull"])
+    p["metrics_ff"] = root / "metrics_ff"
+    shutil.copytree(p["good"], p["metrics_ff"])
+    (p["metrics_ff"] / "metrics.jsonl").write_bytes(b'{"split": "train", "note": "\x80"}\n')
+    p["cifar_ff"] = make_jpeg_imagefolder(root / "cifar_\udcff", {"train": 10, "test": 10}, classes=10)
+    for name in ("loop", "dangling", "fifo", "deep", "file9"):
+        p[f"cifar_{name}"] = make_jpeg_imagefolder(root / f"cifar_{name}", {"train": 10, "test": 10}, classes=10)
+    for name in ("loop", "fifo", "deep"):
+        p[f"inet_{name}"] = make_jpeg_imagefolder(root / f"inet_{name}", {"train": 8, "val": 4}, classes=2, size=35)
+    for tree in (p["cifar_loop"], p["inet_loop"]):
+        os.symlink("..", tree / "train" / "class0" / "loop")
+    os.symlink("missing.jpg", p["cifar_dangling"] / "train" / "class0" / "gone.jpg")
+    for tree in (p["cifar_fifo"], p["inet_fifo"]):
+        os.mkfifo(tree / "train" / "class0" / "fifo.jpg")
+    for tree in (p["cifar_deep"], p["inet_deep"]):
+        fd = os.open(tree / "train" / "class0", os.O_RDONLY)
+        for _ in range(1100):  # os.makedirs itself recurses
+            os.mkdir("d", dir_fd=fd)
+            fd, parent = os.open("d", os.O_RDONLY, dir_fd=fd), fd
+            os.close(parent)
+        os.close(fd)
+    for split in ("train", "test"):
+        shutil.rmtree(p["cifar_file9"] / split / "class9")
+        (p["cifar_file9"] / split / "class9").write_text("a file where a class folder was")
 
 
 def entry(argv: list[str], env: dict[str, str], timeout: int = 60) -> None:
@@ -370,6 +487,7 @@ def entry(argv: list[str], env: dict[str, str], timeout: int = 60) -> None:
         os.environ.pop(k, None)
     os.environ.update(env)
     sys.argv = argv
+    sys.stderr.reconfigure(errors="backslashreplace")  # as Python's own stderr: a byte that is not UTF-8 as \udcff
 
     def hang(*_):
         raise TimeoutError(f"{' '.join(argv)} ran past {timeout}s")
@@ -515,6 +633,98 @@ def test_a_write_that_fails_is_one_line_and_keeps_the_last_checkpoint(paths, tmp
     want = "File too large (over the file-size limit" if "limit" in limit else "No space left on device"
     one_error_line(p.returncode, p.stderr, "a write")
     assert want in p.stderr and sha(out / "last.pt") == before and not list(out.glob(".*.tmp")), p.stderr
+
+
+@pytest.fixture(scope="module")
+def real_runs(paths, tmp_path_factory) -> list[tuple[int, str, str, str] | str]:
+    """Every case of REAL and MID_RUN at once, each in its process: (exit code, stdout, stderr, what the error line
+    holds), or why it skips."""
+    tmp = tmp_path_factory.mktemp("real")
+    (tmp / "blank.txt").write_text("\n" * 2000)  # 2000 empty lines, translated to 2000 empty lines: 2 KB to write
+    shutil.copy(paths["tr_ok"], tmp / "noread.pt")
+    (tmp / "noread.pt").chmod(0)
+    (tmp / "nowrite").mkdir(mode=0o555)
+    names = {**paths, "tmp": tmp, "blank": tmp / "blank.txt", "noread": tmp / "noread.pt", "nowrite": tmp / "nowrite"}
+    (tmp / "probe").mkdir()
+    ns = {"unshare -U": ["unshare", "-U", "true"], "tmpfs": ["unshare", "-rm", "mount", "-t", "tmpfs", "none",
+                                                             str(tmp / "probe")]}  # fmt: skip
+    ns = {how: bool(shutil.which("unshare")) and subprocess.run(cmd).returncode == 0 for how, cmd in ns.items()}
+    env = {**{k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}, "OMP_NUM_THREADS": "1"}
+    runs, threads = [], []
+    for i, (script, base, extra, case_env, want, how) in enumerate([*REAL, *MID_RUN]):
+        (tmp / f"mnt{i}").mkdir()
+        fill = functools.partial(str.format, **names, mnt=tmp / f"mnt{i}")
+        argv = [fill(a) for a in [*base, *extra]]
+        cmd, io = [PY, SCRIPT_PATH[script], *argv], {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+        if not ns.get(how.split()[0] if how.startswith("tmpfs") else how, True):
+            runs.append(f"no user namespaces here for {how}")
+            continue
+        if how.startswith("ulimit"):
+            cmd = ["bash", "-c", f'{how} && exec "$@"', "bash", *cmd]
+        elif how.startswith("tmpfs"):
+            mount = f'mount -t tmpfs -o {how.split()[1]} none "$0" && exec "$@"'
+            cmd = ["unshare", "-rm", "sh", "-c", mount, str(tmp / f"mnt{i}"), *cmd]
+        elif how == "unshare -U":
+            cmd = ["unshare", "-U", *cmd]
+        elif how == "stdout closed":
+            cmd = ["bash", "-c", 'exec "$@" >&-', "bash", *cmd]
+        elif how.endswith("/dev/full"):
+            io[how.split()[0]] = open("/dev/full", "wb")
+        elif how == "stdout closed pipe":
+            read, io["stdout"] = os.pipe()
+            os.close(read)
+        proc = subprocess.Popen(cmd, cwd=REPO, env={**env, **case_env}, stdin=subprocess.PIPE, **io)
+        if how == "stdout closed pipe":
+            os.close(io["stdout"])
+        elif how.endswith("/dev/full"):
+            io[how.split()[0]].close()
+        if how.startswith("SIG"):
+            out = Path(argv[argv.index("--output-dir") + 1])
+            threads.append(threading.Thread(target=signal_once_started, args=(proc, out, how.split()[0])))
+            threads[-1].start()
+        runs.append((proc, b"Gr\xfc\xdfe\n" if how == "stdin latin-1" else b"", fill(want)))
+    results = []
+    for run in runs:
+        if isinstance(run, str):
+            results.append(run)
+            continue
+        proc, stdin, want = run
+        try:
+            out, err = ((b or b"").decode(errors="replace") for b in proc.communicate(stdin, timeout=240))
+        finally:
+            proc.kill()
+        results.append((proc.returncode, out, err, want))
+    for t in threads:
+        t.join()
+    return results
+
+
+def signal_once_started(proc: subprocess.Popen, out: Path, name: str) -> None:
+    """``name`` (SIGINT, SIGTERM) to ``proc`` once it holds ``out``'s lock: its imports done, training not begun."""
+    while not (out / ".lock").exists() and proc.poll() is None:
+        time.sleep(0.01)
+    proc.send_signal(getattr(signal, name))
+
+
+REAL_IDS = [f"{case_id(i, c)}-{c[5]}" for i, c in enumerate([*REAL, *MID_RUN])]
+
+
+@pytest.mark.parametrize("i", range(len(REAL) + len(MID_RUN)), ids=REAL_IDS)
+def test_bad_output_limits_and_signals_in_real_processes(i, real_runs):
+    """Each ends with one line and no traceback: exit 2 and its error line; Ctrl-C's line, and Python's exit status
+    for a KeyboardInterrupt (by SIGINT; 1 once torch._dynamo is imported, as torchvision does); with stderr
+    unwritable, exit 2 alone. (SIGTERM while a run starts: test_fault.py's test_preemption_at_any_moment_of_start_up.)
+    """
+    if isinstance(real_runs[i], str):
+        pytest.skip(real_runs[i])
+    code, out, err, want = real_runs[i]
+    how = [*REAL, *MID_RUN][i][5]
+    if how == "stderr /dev/full":
+        assert code == 2 and not out, (code, out)
+    elif how == "SIGINT at start":
+        assert code in (1, -signal.SIGINT) and err.strip().count("\n") == 0 and want in err and not out, (code, err)
+    else:
+        one_error_line(code, err, want)
 
 
 def test_the_table_covers_every_entry_point():

@@ -101,8 +101,9 @@ def read_lines(path: Path) -> list[str]:
         text = raw.decode("utf-8-sig")  # a leading byte order mark is no part of the text
     except UnicodeDecodeError as e:
         enc = "utf-16" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else "latin1"  # UTF-16 begins with its byte order mark
+        files = "" if path == Path("/dev/stdin") else f" {path.name} > {path.name}.utf8"  # stdin: iconv in the pipe
         raise UserError(f"cannot read {path}: not UTF-8 ({e.reason} at byte {e.start}) (convert it, e.g. iconv -f "
-                        f"{enc} -t utf-8 {path.name} > {path.name}.utf8)") from None  # fmt: skip
+                        f"{enc} -t utf-8{files})") from None  # fmt: skip
     except (OSError, EOFError) as e:
         raise UserError(f"cannot read {path}: {e} (check that the file is readable and, if .gz, complete)") from None
     return [line.removesuffix("\r") for line in text.removesuffix("\n").split("\n")] if text else []

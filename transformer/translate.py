@@ -10,12 +10,15 @@ same code as validation (seq2seq.translate_ids: greedy, or beam search with --be
 Exactly one output line per input line, in order, for any reader: a line ends at "\n" only, and every
 other character some tool ends a line at (\r, \v, \f, \x1c-\x1e, \x85, \u2028, \u2029) becomes a space,
 in the input and in the translation (text.one_line, which validation BLEU uses too). An empty input line
-gives an empty output line. --output appears whole or not at all.
+gives an empty output line. --output appears whole or not at all (a file; a device or pipe it names, such as
+/dev/stdout, is written as a stream).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -29,7 +32,7 @@ from text import decode, encode, load_tokenizer, one_line, read_lines
 from common.args import POSITIVE
 from common.checkpoint import atomic_write, load_model_state
 from common.errors import UserError, run_cli
-from common.hardening.checks import check_checkpoint
+from common.hardening.checks import check_checkpoint, check_path
 from common.utils import amp_dtype
 
 
@@ -50,15 +53,25 @@ def check_args(args: argparse.Namespace) -> torch.device:
     """Every flag's value before the checkpoint is read; returns the device."""
     if args.sentences and args.input:
         raise UserError("give sentences as arguments or --input FILE, not both")
+    for i, sentence in enumerate(args.sentences, start=1):
+        try:
+            sentence.encode()
+        except UnicodeEncodeError:  # bytes of another encoding on the command line, surrogate-escaped by Python
+            raw = sentence.encode(errors="surrogateescape")
+            raise UserError(f"sentence {i} ({raw!r:.60}) is not UTF-8 (convert it: iconv -f latin1 -t utf-8)") from None
+    if args.output is None and sys.stdout is None:
+        raise UserError("stdout is closed, and the translations go there (pass --output FILE)")
     if args.output:
+        check_path(args.output)
         out = Path(args.output)
         if out.is_dir():
             raise UserError(f"--output {args.output} is a directory (name a file to write)")
         parent = next((q for q in out.parents if q.exists()), None)
         if parent is not None and not parent.is_dir():
             raise UserError(f"--output {args.output} is under the file {parent} (fix the path)")
-        try:  # a directory it cannot write in fails now, not after the translating
-            tempfile.TemporaryFile(dir=parent).close()
+        try:  # a directory it cannot write in fails now, not after the translating (a device or pipe: once opened)
+            if not out.exists() or out.is_file():
+                tempfile.TemporaryFile(dir=parent).close()
         except OSError as e:
             raise UserError(f"--output {args.output}: cannot write in {parent} ({e.strerror}; pick another)") from None
     try:
@@ -113,13 +126,28 @@ def main(args: argparse.Namespace) -> None:
     text = "".join(line + "\n" for line in lines)
     if not text.count("\n") == len(text.splitlines()) == len(sentences):  # a bug, never the user's input
         raise RuntimeError(f"{len(sentences)} input lines but {len(text.splitlines())} output lines")
-    if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        with atomic_write(args.output) as f:
-            f.write(text.encode())
-    else:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+    write_out(text, args.output)
+
+
+def write_out(text: str, output: str | None) -> None:
+    """``text`` to stdout, into the device or pipe ``output`` names (/dev/stdout, a FIFO), or to the file it names,
+    atomically; a write that fails (a full disk, a file size limit, a pipe whose reader has gone) is one line."""
+    try:
+        if output is None:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        elif Path(output).exists() and not Path(output).is_file():  # in place: a rename would put a file there
+            with open(output, "w") as f:
+                f.write(text)
+        else:
+            Path(output).parent.mkdir(parents=True, exist_ok=True)
+            with atomic_write(output) as f:
+                f.write(text.encode())
+    except OSError as e:
+        if output is None:  # Python's own flush of stdout at exit would fail again, after the error line
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        hint = "its reader exited first" if e.errno == errno.EPIPE else "make room, or write elsewhere"
+        raise UserError(f"cannot write the translations to {output or 'stdout'}: {e.strerror} ({hint})") from None
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +21,8 @@ def enable(args: argparse.Namespace, check: Callable[[argparse.Namespace], None]
     """Check ``args`` (the shared flags, then the script's own ``check``; ``writes``: files the script writes in
     --output-dir besides every run's), check the launch (``how``: as setup_distributed will be given it), and fill
     the core's seams. Call before setup_distributed."""
+    sys.excepthook = interrupted
+    sys.stdout.reconfigure(errors="backslashreplace")  # a path's bytes that are not UTF-8: \udcff, as on stderr
     checks.check_shared(args, writes)
     if check is not None:
         check(args)
@@ -45,3 +48,9 @@ def enable_launch(args: argparse.Namespace, how: DistInfo | None = None, out: Pa
     SEAMS.init_process_group = functools.partial(launch.init_process_group, claim=claim)
     SEAMS.at_cleanup.append(launch.exit_if_launcher_gone)
     return how
+
+
+def interrupted(kind: type[BaseException], *exc) -> None:  # sys.excepthook: Ctrl-C is one line, not a traceback
+    if not issubclass(kind, KeyboardInterrupt):
+        return sys.__excepthook__(kind, *exc)
+    print("stopped by SIGINT (Ctrl-C); the same command goes on from the last checkpoint, if any", file=sys.stderr)

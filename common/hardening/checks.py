@@ -38,6 +38,8 @@ def check_shared(args: argparse.Namespace, writes: tuple[str, ...] = ()) -> None
         check_wandb()
     if not str(args.output_dir).strip():
         raise UserError("--output-dir '' is empty (name a directory, e.g. runs/NAME)")
+    for path in (args.output_dir, args.resume, getattr(args, "data_dir", None), getattr(args, "data", None)):
+        check_path(path)
     out = Path(args.output_dir)
     p = next(p for p in (out, *out.parents) if p.exists())  # the filesystem root always does
     if not p.is_dir():
@@ -56,6 +58,19 @@ def check_shared(args: argparse.Namespace, writes: tuple[str, ...] = ()) -> None
     resume = out / "last.pt" if args.resume == "auto" else Path(args.resume)
     if args.resume != "none" and resume.is_file():
         check_checkpoint(resume)
+        if not args.evaluate and resume.resolve().parent == out.resolve() and (out / "metrics.jsonl").is_file():
+            try:  # a resume in its run's dir keeps the first lines of its metrics.jsonl, read as text
+                (out / "metrics.jsonl").read_text()
+            except UnicodeDecodeError as e:
+                raise UserError(f"{out / 'metrics.jsonl'} is not UTF-8 text (byte {e.start}) (move it away)") from None
+
+
+def check_path(path: str | None) -> None:  # a name over 255 bytes, a symlink loop, a folder not to be entered
+    try:
+        os.stat(path or "")
+    except OSError as e:
+        if not isinstance(e, (FileNotFoundError, NotADirectoryError)):
+            raise UserError(f"cannot look up {path}: {e.strerror} (fix the path)") from None
 
 
 FULL = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "over the disk quota", errno.EFBIG: "over the file-size limit"}
@@ -110,10 +125,8 @@ def check_checkpoint(path: Path) -> None:
     except Exception as e:  # the unpickler's, zipfile's, the OS's
         first = (str(e).strip() or type(e).__name__).splitlines()[0][:160]
         if "weights_only" in str(e) or "Unsupported global" in str(e):
-            raise UserError(
-                f"refusing to load {path}: it contains pickled code or objects, not only tensors "
-                f"({first}); only load checkpoints you trust, and re-save them as plain tensors"
-            ) from None
+            raise UserError(f"refusing to load {path}: it holds pickled code or objects, not only tensors ({first}); "
+                            "only load checkpoints you trust, and re-save them as plain tensors") from None  # fmt: skip
         raise UserError(f"cannot read checkpoint {path}: corrupt or truncated ({first})") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt:
         raise UserError(f"{path} is not a checkpoint of this collection (no 'model' entry)")
@@ -129,8 +142,7 @@ def claim_output_dir(out: Path, is_main: bool) -> None:
     ``.lock``; a second job stops on every rank, one line), and no temporary file of a write a kill cut short."""
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write_test_{os.getpid()}"
-        probe.write_text("")
+        (probe := out / f".write_test_{os.getpid()}").write_text("")
         probe.unlink()
     except OSError as e:
         raise UserError(f"output dir {out} is not writable ({e.strerror}; pick another --output-dir)") from None
