@@ -122,12 +122,11 @@ def decode_folder(folder: Path, cache_dirs: tuple[Path, ...], workers: int, writ
     try:
         found = ImageFolder(str(folder))
     except (OSError, RecursionError) as e:  # os.walk recurses: nesting past Python's limit ends it
-        raise UserError(f"bad ImageFolder {folder}: {e if isinstance(e, OSError) else 'nested too deep'}") from None
+        raise UserError(f"bad ImageFolder {folder}: {e}") from None
     samples, classes = found.samples, classes or found.classes
-    real = {}  # ImageFolder follows symlinks: one back into the tree lists its images again, under another class
-    for d in sorted({os.path.dirname(p) for p, _ in samples}, key=lambda d: (len(d), d)):
-        if real.setdefault(os.path.realpath(d), d) != d:
-            raise UserError(f"{d} is {real[os.path.realpath(d)]} again, through a symlink (remove the link)")
+    dirs = {os.path.dirname(p) for p, _ in samples}  # ImageFolder follows symlinks, back into the tree too
+    if len({os.path.realpath(d) for d in dirs}) < len(dirs):
+        raise UserError(f"{folder} lists a folder twice, through a symlink into itself (remove the link)")
     if odd := next((p for p, _ in samples if not os.path.isfile(p)), None):  # a FIFO would block its reader
         raise UserError(f"unreadable image {odd} (not a regular file: a dangling symlink, a FIFO?) (fix or delete it)")
     if unknown := sorted(set(found.classes) - set(classes)):

@@ -25,8 +25,8 @@ class MetricsLogger:
         self.t0, self.step0, self.total = time.time(), pos.step, total
         if self.enabled and keep is not None:
             path = out / "metrics.jsonl"
-            lines = path.read_text().splitlines(True)[:keep] if keep and path.is_file() else []
-            path.write_text("".join(lines))
+            lines = path.read_bytes().splitlines(True)[:keep] if keep and path.is_file() else []  # any bytes
+            path.write_bytes(b"".join(lines))
             pos.log_lines = len(lines)
             if not keep:  # a fresh run: the best of the run it replaces is not its own
                 (out / "best.pt").unlink(missing_ok=True)

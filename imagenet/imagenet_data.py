@@ -37,20 +37,17 @@ def image_folder(root: Path, tf) -> CheckedImageFolder:
     try:
         found = CheckedImageFolder(str(root), transform=tf)
     except (OSError, RecursionError) as e:  # os.walk recurses: nesting past Python's limit ends it
-        why = str(e).splitlines()[0][:200] if isinstance(e, OSError) else "nested too deep"
-        raise UserError(f"bad ImageFolder {root}: {why}") from None
-    real = {}  # ImageFolder follows symlinks: one back into the tree lists its images again, under another class
-    for d in sorted({os.path.dirname(p) for p, _ in found.samples}, key=lambda d: (len(d), d)):
-        if real.setdefault(os.path.realpath(d), d) != d:
-            raise UserError(f"{d} is {real[os.path.realpath(d)]} again, through a symlink (remove the link)")
+        raise UserError(f"bad ImageFolder {root}: {str(e).splitlines()[0][:200]}") from None
+    dirs = {os.path.dirname(p) for p, _ in found.samples}  # ImageFolder follows symlinks, back into the tree too
+    if len({os.path.realpath(d) for d in dirs}) < len(dirs):
+        raise UserError(f"{root} lists a folder twice, through a symlink into itself (remove the link)")
     return found
 
 
 def transforms(args):
     normalize = [T.PILToTensor(), T.ConvertImageDtype(torch.float), T.Normalize(MEAN, STD)]
-    tf_train = T.Compose([T.RandomResizedCrop(args.train_crop_size), T.RandomHorizontalFlip(), *normalize])
-    tf_val = T.Compose([T.Resize(args.val_resize_size), T.CenterCrop(args.val_crop_size), *normalize])
-    return tf_train, tf_val
+    return (T.Compose([T.RandomResizedCrop(args.train_crop_size), T.RandomHorizontalFlip(), *normalize]),  # train
+            T.Compose([T.Resize(args.val_resize_size), T.CenterCrop(args.val_crop_size), *normalize]))  # fmt: skip
 
 
 def collate(batch):

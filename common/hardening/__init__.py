@@ -21,16 +21,17 @@ def enable(args: argparse.Namespace, check: Callable[[argparse.Namespace], None]
     """Check ``args`` (the shared flags, then the script's own ``check``; ``writes``: files the script writes in
     --output-dir besides every run's), check the launch (``how``: as setup_distributed will be given it), and fill
     the core's seams. Call before setup_distributed."""
-    sys.excepthook = interrupted
     sys.stdout.reconfigure(errors="backslashreplace")  # a path's bytes that are not UTF-8: \udcff, as on stderr
     checks.check_shared(args, writes)
     if check is not None:
         check(args)
+    stop = preemption.Preemption()  # before the lock is taken: a signal from here on ends in the stop line
+    SEAMS.at_cleanup.append(stop.at_cleanup)  # last: it may exit 75
     how = enable_launch(args, how, Path(args.output_dir))
-    dog, stop = watchdog.Watchdog(args.stall_timeout, how.rank), preemption.Preemption()
+    dog = watchdog.Watchdog(args.stall_timeout, how.rank)
     SEAMS.batches, SEAMS.stop = functools.partial(stop.batches, dog.batches), stop.stop
     SEAMS.loader, SEAMS.explain = workers.loader_args, checks.explain
-    SEAMS.at_cleanup += [dog.stop, checks.release_locks, stop.at_cleanup]
+    SEAMS.at_cleanup[:0] = [dog.stop, checks.release_locks]
 
 
 def enable_launch(args: argparse.Namespace, how: DistInfo | None = None, out: Path | None = None) -> DistInfo:
@@ -48,9 +49,3 @@ def enable_launch(args: argparse.Namespace, how: DistInfo | None = None, out: Pa
     SEAMS.init_process_group = functools.partial(launch.init_process_group, claim=claim)
     SEAMS.at_cleanup.append(launch.exit_if_launcher_gone)
     return how
-
-
-def interrupted(kind: type[BaseException], *exc) -> None:  # sys.excepthook: Ctrl-C is one line, not a traceback
-    if not issubclass(kind, KeyboardInterrupt):
-        return sys.__excepthook__(kind, *exc)
-    print("stopped by SIGINT (Ctrl-C); the same command goes on from the last checkpoint, if any", file=sys.stderr)

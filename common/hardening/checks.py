@@ -45,8 +45,7 @@ def check_shared(args: argparse.Namespace, writes: tuple[str, ...] = ()) -> None
     if not p.is_dir():
         raise UserError(f"--output-dir {args.output_dir} {f'is under the file {p}' if p != out else 'is a file'} "
                         "(give a directory)")  # fmt: skip
-    odd = [n for n in (*WRITTEN, *writes) if (out / n).exists() and not (out / n).is_file()]
-    if odd:  # a directory (or a FIFO) there would fail the run's first write, or the last checkpoint's rename
+    if odd := [n for n in (*WRITTEN, *writes) if (out / n).exists() and not (out / n).is_file()]:  # a dir, a FIFO
         raise UserError(f"{out / odd[0]} is not a file, and a run writes its {odd[0]} there (move it away, or pick "
                         "another --output-dir)")  # fmt: skip
     found = [n for n in ("last.pt", "best.pt") if (out / n).is_file()]
@@ -58,11 +57,6 @@ def check_shared(args: argparse.Namespace, writes: tuple[str, ...] = ()) -> None
     resume = out / "last.pt" if args.resume == "auto" else Path(args.resume)
     if args.resume != "none" and resume.is_file():
         check_checkpoint(resume)
-        if not args.evaluate and resume.resolve().parent == out.resolve() and (out / "metrics.jsonl").is_file():
-            try:  # a resume in its run's dir keeps the first lines of its metrics.jsonl, read as text
-                (out / "metrics.jsonl").read_text()
-            except UnicodeDecodeError as e:
-                raise UserError(f"{out / 'metrics.jsonl'} is not UTF-8 text (byte {e.start}) (move it away)") from None
 
 
 def check_path(path: str | None) -> None:  # a name over 255 bytes, a symlink loop, a folder not to be entered

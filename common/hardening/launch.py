@@ -71,9 +71,7 @@ def check_launch(launch: DistInfo, env: Mapping[str, str]) -> None:
 
 def check_dist_url(url: str | None) -> None:
     """``--dist-url``: tcp://HOST:PORT, env:// or file:///PATH."""
-    if url is None:
-        return
-    parts = urlsplit(url)
+    parts = urlsplit(url or "env://")  # None: the launcher's variables
     if parts.scheme not in ("tcp", "env", "file"):
         raise UserError(f"--dist-url {url} has an unknown scheme (use tcp://HOST:PORT, env:// or file:///shared/path)")
     if parts.scheme == "tcp":
@@ -176,10 +174,8 @@ def exit_with_launcher(launch: DistInfo) -> None:
     global _launcher
     if "TORCHELASTIC_RUN_ID" not in os.environ and launch.launcher != "mp.spawn":
         return
-    _launcher = (launch, os.getppid())
-    if _launcher[1] == 1:  # the launcher died while this rank started: it was reparented to init already
-        _launcher = (launch, -1)
-        exit_if_launcher_gone()
+    _launcher = (launch, os.getppid() if os.getppid() != 1 else -1)  # 1: it died already, this rank is init's
+    exit_if_launcher_gone()
 
     def watch() -> None:
         while True:

@@ -1,6 +1,7 @@
-"""Preemption: SIGTERM or SIGUSR2 (Slurm's ``--signal``) on any rank stops every rank at the same step; the script
-saves ``last.pt``, exit 75 ("requeue me"). The ranks agree by an all-reduce on a gloo group of its own, started at one
-step and read at the next, so it never blocks the GPU. During start-up a signal ends the rank at once, exit 75 too."""
+"""Preemption: SIGTERM, SIGINT (Ctrl-C) or SIGUSR2 (Slurm's ``--signal``) on any rank stops every rank at the same
+step; the script saves ``last.pt``, exit 75 ("requeue me"). The ranks agree by an all-reduce on a gloo group of its
+own, started at one step and read at the next, so it never blocks the GPU. During start-up a signal ends the rank at
+once, exit 75 too."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ class Preemption:
         self.stepping = False  # True once training asks for batches: a signal then waits for a step boundary
         self.stopped = False  # True once the ranks agreed to stop
         self.step: int | None = None  # the step of the last check; None: no step done by this process
-        for sig in (signal.SIGTERM, signal.SIGUSR2):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
             signal.signal(sig, self._handler)
 
     def _handler(self, signum: int, frame: Any) -> None:

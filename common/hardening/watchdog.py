@@ -87,11 +87,9 @@ class Watchdog:
             with contextlib.suppress(OSError):  # nothing may keep this thread from the exit below
                 child.kill()
         # no destroy_process_group(): it may block on the very collective that stalled; peers see our sockets close
-        _write(
-            f"error: rank {self.rank} stalled: no progress for {idle:.0f}s {what} (every thread's stack is above; "
-            f"exit code {STALL_EXIT_CODE} lets torchrun --max-restarts or Slurm restart the job; a healthy phase "
-            f"this slow needs a larger --stall-timeout than {self.timeout:g}, 0 turns the watchdog off)\n"
-        )
+        _write(f"error: rank {self.rank} stalled: no progress for {idle:.0f}s {what} (every thread's stack is above; "
+               f"exit code {STALL_EXIT_CODE} lets torchrun --max-restarts or Slurm restart the job; a healthy phase "
+               f"this slow needs a larger --stall-timeout than {self.timeout:g}; 0 turns it off)\n")  # fmt: skip
         os._exit(STALL_EXIT_CODE)
 
 
