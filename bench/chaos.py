@@ -62,7 +62,7 @@ def script_cmd(name: str, data: Path, out: Path) -> list[str]:
                 "--save-every-steps", "2", "--seed", "5", *common]  # fmt: skip
     return ["transformer/train.py", "--data", str(data), "--lang-src", "de", "--lang-tgt", "en", "--preset", "tiny",
             "--dropout", "0.1", "--vocab-size", "200", "--max-tokens", "256", "--accum-steps", "2", "--epochs", "6",
-            "--lr", "1e-3", "--warmup-steps", "5", "-p", "2", "--save-every-steps", "3", *common,
+            "--lr", "1e-3", "--warmup-epochs", "0.5", "-p", "2", "--save-every-steps", "3", *common,
             *(["--fsdp"] if name == "transformer-fsdp" else [])]  # fmt: skip
 
 

@@ -216,7 +216,7 @@ fsdp | fsdp-large)
   done
   ;;
 bleu)
-  B=(transformer/train.py --data "$MULTI30K" --preset small --max-tokens 8192 --lr 1e-3 --warmup-steps 1000
+  B=(transformer/train.py --data "$MULTI30K" --preset small --max-tokens 8192 --lr 1e-3 --warmup-epochs 17.62
     --eval-every 5 -p 100 --samples 0 --compile)
   python3 "${B[@]}" --lang-src de --lang-tgt en --epochs 60 --output-dir /tmp/deen && keep /tmp/deen tr_small_deen_bleu_1x
   python3 "${B[@]}" --lang-src en --lang-tgt de --epochs 40 --output-dir /tmp/ende && keep /tmp/ende tr_small_ende_bleu_1x

@@ -37,8 +37,7 @@ class CIFARArrays(torch.utils.data.Dataset):
         return self.transform(Image.fromarray(self.data[i])), self.targets[i]
 
 
-# all that CIFAR-10 batches hold, under Python 2/3 and numpy 1/2 names: a pickle naming anything else (os.system) is
-# refused before it can run
+# what CIFAR-10 batches hold (Python 2/3, numpy 1/2 names): a pickle naming anything else is refused before it runs
 SAFE_GLOBALS = {
     ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
     *((f"numpy.{core}.multiarray", "_reconstruct") for core in ("core", "_core")),

@@ -118,8 +118,8 @@ def train_one_epoch(model, criterion, optimizer, scaler, ema, batches, pos: Posi
         window.sum += loss.detach()
         if not sync:
             continue
-        for group in optimizer.param_groups:  # the LR of this step: a pure function of the step
-            group["lr"] = lr_of(pos.step)
+        for group in optimizer.param_groups:  # the LR of this step: a pure function of the position in training
+            group["lr"] = lr = lr_of(pos.epoch, pos.batch_in_epoch // args.accum_steps)
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
@@ -128,7 +128,7 @@ def train_one_epoch(model, criterion, optimizer, scaler, ema, batches, pos: Posi
             ema.update(pos.step)
         save = args.save_every_steps and pos.step % args.save_every_steps == 0 and pos.step < end
         if pos.step % args.print_freq == 0 or save or pos.step == end:
-            log_loss(window, pos, args, info, logger, lr_of(pos.step - 1))
+            log_loss(window, pos, args, info, logger, lr)
         if save and info.is_main:  # [DDP 6] rank 0 alone writes; the save holds no collective
             writer.save(checkpoint_state(model, optimizer, scaler, pos, args, info.world_size, ema),
                         Path(args.output_dir) / "last.pt", args.keep_last)  # fmt: skip
@@ -194,7 +194,7 @@ def main(args: argparse.Namespace) -> None:
     train_model = torch.compile(ddp, mode=args.compile_mode) if args.compile else ddp
     ema = EMA(model, args.ema) if args.ema else None  # saved, restored and evaluated with the model
 
-    # ---- optimizer; the LR is set each step from lr_at(step), a function of the step alone
+    # ---- optimizer; the LR is set each step by lr_at, a function of the position in training alone
     peak_lr = args.lr * global_batch / 512
     optimizer = torch.optim.SGD(param_groups(model, args.weight_decay), lr=peak_lr, momentum=args.momentum,
                                 nesterov=args.nesterov)  # fmt: skip

@@ -21,9 +21,10 @@ def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:  # --amp: a
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}[amp]
 
 
-def lr_at(step: int, peak: float, args: Any, steps_per_epoch: int) -> float:
-    """The LR of step ``step`` (from 0): ``peak`` x cosine to 0 at --epochs, onecycle (up to 25% of training, then
-    down), or x --lr-gamma every --lr-step-size epochs, after --warmup-epochs. In epochs: the same on any GPU count."""
+def lr_at(epoch: int, step: int, peak: float, args: Any, steps_per_epoch: int) -> float:
+    """``peak`` x cosine to 0 at --epochs, onecycle (up to 25% of training, then down), or x --lr-gamma every
+    --lr-step-size epochs, after --warmup-epochs, at step ``step`` of epoch ``epoch``: the same on any GPU count."""
+    step += epoch * steps_per_epoch
     warmup, total = round(args.warmup_epochs * steps_per_epoch), args.epochs * steps_per_epoch
     if args.lr_schedule == "onecycle":
         top = max(1, int(0.25 * total))

@@ -44,8 +44,7 @@ def build_model(arch: str, num_classes: int, weights=None) -> nn.Module:
 
 
 def build_data(args, info, channels_last: bool) -> SimpleNamespace:
-    """The sampler and the loaders (none with --dummy: its batches are made on the device); ``bad``: the unreadable
-    images this rank skipped, by split."""
+    """The sampler and loaders (none with --dummy: batches made on the device); ``bad``: unreadable images skipped."""
     d = SimpleNamespace(bad={"train": 0, "val": 0}, skipped=0, gen=torch.Generator(info.device),
                         memory_format=torch.channels_last if channels_last else torch.contiguous_format)  # fmt: skip
     d.gpu_decode = args.gpu_decode and not args.synthetic  # on a CPU it runs too (torchvision.io), for tests
@@ -157,8 +156,8 @@ def train_one_epoch(model, criterion, optimizer, scaler, ema, mix, batches, pos:
         window.sum += loss.detach()
         if not sync:
             continue
-        for group in optimizer.param_groups:  # the LR of this step: a pure function of the step
-            group["lr"] = lr_of(pos.step)
+        for group in optimizer.param_groups:  # the LR of this step: a pure function of the position in training
+            group["lr"] = lr = lr_of(pos.epoch, pos.batch_in_epoch // args.accum_steps)
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
@@ -167,7 +166,7 @@ def train_one_epoch(model, criterion, optimizer, scaler, ema, mix, batches, pos:
             ema.update(pos.step)
         save = args.save_every_steps and pos.step % args.save_every_steps == 0 and pos.step < end
         if pos.step % args.print_freq == 0 or save or pos.step == end:
-            log_loss(window, pos, args, info, logger, lr_of(pos.step - 1), data)
+            log_loss(window, pos, args, info, logger, lr, data)
         if save and info.is_main:  # [DDP 6] rank 0 alone writes; the save holds no collective
             writer.save(checkpoint_state(model, optimizer, scaler, pos, args, info.world_size, ema),
                         Path(args.output_dir) / "last.pt", args.keep_last)  # fmt: skip
@@ -239,7 +238,7 @@ def main(args: argparse.Namespace, launch: DistInfo | None = None) -> None:
     ema = EMA(model, args.ema) if args.ema else None  # saved, restored and evaluated with the model
     mix = mixup_cutmix(args, data.num_classes)
 
-    # ---- optimizer; the LR is set each step from lr_at(step), a function of the step alone
+    # ---- optimizer; the LR is set each step by lr_at, a function of the position in training alone
     peak_lr = args.lr * global_batch / 256
     optimizer = torch.optim.SGD(param_groups(model, args.weight_decay, skip_norm_bias=not args.norm_bias_decay),
                                 lr=peak_lr, momentum=args.momentum)  # fmt: skip

@@ -320,7 +320,7 @@ def transformer_ddp_cmd(data, out, *extra) -> list[str]:
     (transformer_reference), which test_transformer.py also checks end to end."""
     return ["transformer/train.py", "--data", str(data), "--lang-src", "de", "--lang-tgt", "en", "--preset", "tiny",
             "--dropout", "0.1", "--vocab-size", "200", "--max-tokens", "256", "--accum-steps", "2", "--epochs", "3",
-            "--lr", "1e-3", "--warmup-steps", "5", "-j", "1", "-p", "2", "--save-every-steps", "3",
+            "--lr", "1e-3", "--warmup-epochs", "0.5", "-j", "1", "-p", "2", "--save-every-steps", "3",
             "--max-steps", "18", "--output-dir", str(out), *map(str, extra)]  # fmt: skip
 
 

@@ -231,7 +231,7 @@ CASES = [
     ("transformer", TR, ["--beam", "0"], {}, "argument --beam: 0 must be at least 1"),
     ("transformer", TR, ["--vocab-size", "2"], {}, "argument --vocab-size: 2 must be in 8..16777216"),
     ("transformer", TR, ["--vocab-size", "1000000000"], {}, "argument --vocab-size: 1000000000 must be in 8..16777216"),
-    ("transformer", TR, ["--warmup-steps", "-1"], {}, "argument --warmup-steps: -1 must be 0 or more"),
+    ("transformer", TR, ["--warmup-epochs", "-1"], {}, "argument --warmup-epochs: -1 must be a finite number >= 0"),
     ("transformer", TR, ["--clip-grad", "-1"], {}, "argument --clip-grad: -1 must be a finite number >= 0"),
     ("transformer", TR, ["--lr", "-1"], {}, "argument --lr: -1 must be a finite number above 0"),
     ("transformer", TR, ["--label-smoothing", "2"], {}, "argument --label-smoothing: 2 must be in [0, 1)"),

@@ -1,6 +1,7 @@
 """cifar_resnet/train.py end to end under torchrun, in every data format, and exact resume."""
 
 import json
+import math
 import os
 import shutil
 import sys
@@ -179,7 +180,7 @@ def test_resume_mid_epoch_is_bit_identical(tmp_path, tmp_path_factory, data_path
 def test_resume_under_another_world_size_continues_the_epoch(tmp_path, tiny_imagefolder, monkeypatch):
     """1 process x 4 images for 2 steps (in this process), then 2 processes x 4 (torchrun): the epoch continues
     after the same 8 images (micro-batch 1 of 5), the step counter keeps counting, and the LR follows the doubled
-    global batch."""
+    global batch, at the schedule's position in training (not at the step counter's: the cosine would end early)."""
     cmd = ["cifar_resnet/train.py", "--data-dir", tiny_imagefolder, "--epochs", "2", "-j", "0",
            "--output-dir", tmp_path, "--warmup-epochs", "0", *TINY]  # fmt: skip
     in_process(monkeypatch, *cmd[1:], "--max-steps", "2")
@@ -190,6 +191,8 @@ def test_resume_under_another_world_size_continues_the_epoch(tmp_path, tiny_imag
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert cfg["peak_lr"] == pytest.approx(2 * 0.2 * 4 / 512)
     assert train[2]["lr"] > train[1]["lr"]  # jumped to the new peak (cosine, no warmup)
+    cosine = [cfg["peak_lr"] * 0.5 * (1 + math.cos(math.pi * k / 10)) for k in range(1, 10)]  # 2 epochs of 5 steps
+    assert [r["lr"] for r in train[2:]] == pytest.approx(cosine, rel=1e-6)
     last = torch.load(tmp_path / "last.pt", weights_only=True)
     assert (last["epoch"], last["batch_in_epoch"], last["step"]) == (2, 0, 11)
 

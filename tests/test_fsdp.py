@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 TRAIN, TRANSLATE = str(REPO / "transformer" / "train.py"), str(REPO / "transformer" / "translate.py")
 # 8 steps of 2 micro-batches, a checkpoint after each, one evaluation at the end (best.pt)
 ARGS = [TRAIN, "--synthetic", "--preset", "tiny", "--layers", "1", "--pack-len", "128", "--max-tokens", "512",
-        "--accum-steps", "2", "-j", "0", "--lr", "1e-3", "--warmup-steps", "2", "-p", "1",
+        "--accum-steps", "2", "-j", "0", "--lr", "1e-3", "--warmup-epochs", "0.2", "-p", "1",
         "--samples", "0"]  # fmt: skip
 FSDP = [*ARGS, "--fsdp", "--max-steps", "8", "--save-every-steps", "1"]
 NO_EVAL = ["--eval-every", "0"]  # for the runs whose evaluation no test reads

@@ -228,10 +228,10 @@ def test_recipes_fill_unset_flags_and_schedules():
     mo = parse("--recipe", "modern", "--lr", "0.5", "--dummy", "--wd", "0.01")
     assert (mo.lr, mo.weight_decay, mo.momentum, mo.label_smoothing) == (0.5, 0.01, 0.875, 0.1)
     assert mo.lr_schedule == "cosine" and mo.synthetic and not mo.norm_bias_decay
-    f = lambda step: lr_at(step, 1.0, c, steps_per_epoch=10)  # noqa: E731  (classic: x0.1 every 30 epochs, like main.py)
+    f = lambda step: lr_at(0, step, 1.0, c, steps_per_epoch=10)  # noqa: E731  (classic: x0.1 every 30 epochs, like main.py)
     assert [f(0), f(299), f(300), f(599), f(600)] == pytest.approx([1, 1, 0.1, 0.1, 0.01])
     mo10 = parse("--recipe", "modern", "--epochs", "10")
-    f = lambda step: lr_at(step, 1.0, mo10, steps_per_epoch=10)  # noqa: E731  (5 epochs of warmup)
+    f = lambda step: lr_at(0, step, 1.0, mo10, steps_per_epoch=10)  # noqa: E731  (5 epochs of warmup)
     assert [f(0), f(49), f(50)] == pytest.approx([1 / 50, 1, 1]) and f(99) < 0.01
     assert parse("--learning-rate", "0.3", "--weight-decay", "0", "X").lr == 0.3
 

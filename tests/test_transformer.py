@@ -202,6 +202,26 @@ def test_tokenizer_round_trip(kind):
         assert decode(tok, encode(tok, unseen)) == unseen
 
 
+def test_the_schedule_is_the_same_on_any_gpu_count():
+    """--warmup-epochs: 1 process and 4 with --max-tokens / 4 (the docs' rule: the recipe's global batch) see the same
+    LR at every step; 4 with the same --max-tokens (4x the batch, 1/4 of the steps) the same at each later epoch's
+    start, up to whole steps. (A warmup counted in steps fails the second: 4 GPUs would warm up for 4x the data.)"""
+    from argparse import Namespace
+
+    from transformer.train import lr_at
+
+    g = torch.Generator().manual_seed(0)
+    src_lens, tgt_lens = (torch.randint(2, 40, (3001,), generator=g).tolist() for _ in range(2))
+    args = Namespace(lr=1e-3, warmup_epochs=1.5)
+    one, four, four_big = (PackedBatchSampler(src_lens, tgt_lens, 64, rows, 0, world, seed=5, epochs=8)
+                           for rows, world in ((8, 1), (2, 4), (8, 4)))  # fmt: skip
+    for epoch in range(8):
+        steps = range(one.steps_in(epoch))
+        assert [lr_at(epoch, k, args, one) for k in steps] == [lr_at(epoch, k, args, four) for k in steps]
+        if epoch:  # (epoch 0's first step is 1 / warmup steps of the peak, in either's steps)
+            assert lr_at(epoch, 0, args, four_big) == pytest.approx(lr_at(epoch, 0, args, one), rel=0.05)
+
+
 # ------------------------------------------------------------------ sampler
 
 
@@ -405,7 +425,7 @@ def test_tiny_model_learns_synthetic_translation(tmp_path, monkeypatch):
     thread count): many small steps at a high peak LR end the drop well before the last step on every CPU."""
     out = tmp_path / "run"
     train_in_process(monkeypatch, "--synthetic", "--preset", "tiny", "--max-tokens", "1024", "--pack-len", "64",
-                     "--accum-steps", "1", "--lr", "5e-3", "--warmup-steps", "50", "--max-steps", "400",
+                     "--accum-steps", "1", "--lr", "5e-3", "--warmup-epochs", "0.32", "--max-steps", "400",
                      "--eval-every", "1000", "-j", "0", "--output-dir", out)  # fmt: skip
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     val = [r for r in records if r["split"] == "val"]
@@ -458,7 +478,7 @@ def test_ddp_end_to_end_on_local_files(tmp_path_factory):
 # the synthetic pair, 2 eager processes with gradient accumulation: the reference of the next two tests. One layer
 # each side: what they compare is the same for any depth, and compiling it takes half the time of two.
 DDP_ARGS = [TRAIN, "--synthetic", "--preset", "tiny", "--layers", "1", "--pack-len", "128", "--max-steps", "3",
-            "-p", "2", "--accum-steps", "2", "-j", "0", "--lr", "1e-3", "--warmup-steps", "2",
+            "-p", "2", "--accum-steps", "2", "-j", "0", "--lr", "1e-3", "--warmup-epochs", "0.2",
             "--resume", "none"]  # fmt: skip
 
 
@@ -596,8 +616,14 @@ def test_another_world_size_mid_run_continues_after_that_epochs_end(tmp_path_fac
     train_in_process(monkeypatch, *cmd[1:], "--max-steps", "2", "--eval-every", "0")
     n = len(run_records(out))
     torchrun(2, *cmd)
-    rows = round(json.loads((out / "config.json").read_text())["steps_per_epoch"] * 2)  # one row a rank a step
+    cfg = json.loads((out / "config.json").read_text())
+    rows = round(cfg["steps_per_epoch"] * 2)  # one row a rank a step
     last = 2 + rows - -(-rows // 2)  # the steps that deal epoch 1's rows: ceil(2 rows / 2) - ceil(rows / 2)
+    # the LR of epoch 1's first step is the schedule's at epoch 1 on 2 processes (the default --warmup-epochs 4), not
+    # at the step counter's 3
+    s, w = -(-rows // 2) + 1, round(4.0 * cfg["steps_per_epoch"])
+    first = next(r for r in run_records(out)[n:] if r["split"] == "train")
+    assert first["lr"] == pytest.approx(cfg["lr"] * min(s / w, (w / s) ** 0.5), rel=1e-6), (first, s, w)
     records = [(r["split"], r["epoch"], r["step"]) for r in run_records(out)[n:]]
     assert [r for r in records if r[0] != "train"] == [("val", 1, 2), ("val", 2, last), ("test", 2, last)], records
     assert [r for r in records if r[0] == "train"] == [("train", 1, s) for s in range(3, last + 1)], records

@@ -74,7 +74,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("optimization")
     g.add_argument("--max-tokens", type=POSITIVE, default=4096, help="tokens a micro-batch a process (in rows)")
     g.add_argument("--lr", type=ABOVE_0, default=5e-4, help="peak LR (AdamW; not scaled with the batch)")
-    g.add_argument("--warmup-steps", type=COUNT, default=1000, help="linear warmup, then LR ~ 1/sqrt(step)")
+    g.add_argument("--warmup-epochs", type=AT_LEAST_0, default=4.0, help="linear warmup, then LR ~ 1/sqrt(step)")
     g.add_argument("--wd", "--weight-decay", dest="weight_decay", type=AT_LEAST_0, default=0.0, help="weights only")
     g.add_argument("--label-smoothing", type=FRACTION, default=0.1, help="of the cross-entropy targets")
     g.add_argument("--clip-grad", type=AT_LEAST_0, default=1.0, help="max gradient norm (0: off)")
@@ -140,14 +140,15 @@ def continue_at_next_epoch(pos: Position, ckpt: dict, world_size: int, accum_ste
     return {k: v for k, v in ckpt.items() if k != "window"}
 
 
-def lr_at(step: int, args) -> float:
-    """The LR of optimizer step ``step`` (from 0): a linear warmup to --lr, then --lr x sqrt(warmup / step)."""
-    step, warmup = step + 1, args.warmup_steps
+def lr_at(epoch: int, step: int, args, sampler: text.PackedBatchSampler) -> float:
+    """The LR of step ``step`` (from 0) of epoch ``epoch``: a linear warmup to --lr over --warmup-epochs, then --lr x
+    sqrt(warmup / step). In epochs: the same on any GPU count, and after a resume on another."""
+    step, warmup = sampler.steps_before(epoch) + step + 1, round(args.warmup_epochs * sampler.steps_per_epoch)
     return args.lr * (min(step / warmup, (warmup / step) ** 0.5) if warmup else step**-0.5)
 
 
 def train_one_epoch(model, loss_fn, optimizer, scaler, no_sync, batches, step_tokens: list[int], pos: Position,
-                    window: LossWindow, args, info, logger: MetricsLogger, save, end: int) -> bool:  # fmt: skip
+                    window: LossWindow, args, info, logger: MetricsLogger, save, end: int, lr_of) -> bool:  # fmt: skip
     """Optimizer steps up to step ``end`` (the epoch's last or --max-steps), their micro-batches taken from ``batches``,
     the run's one iterator. Returns True if the ranks agreed to stop before it (preemption; the loss window open)."""
     model.train()
@@ -170,15 +171,15 @@ def train_one_epoch(model, loss_fn, optimizer, scaler, no_sync, batches, step_to
         scaler.unscale_(optimizer)
         if args.clip_grad > 0:
             nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad)
-        for group in optimizer.param_groups:  # the LR of this step: a pure function of the step
-            group["lr"] = lr_at(pos.step, args)
+        for group in optimizer.param_groups:  # the LR of this step: a pure function of the position in training
+            group["lr"] = lr = lr_of(pos.epoch, i // args.accum_steps)
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
         pos.step, pos.batch_in_epoch, window.n = pos.step + 1, i + 1, window.n + step_tokens[i // args.accum_steps]
         periodic = args.save_every_steps and pos.step % args.save_every_steps == 0 and pos.step < end
         if pos.step % args.print_freq == 0 or periodic or pos.step == end:
-            log_loss(window, pos, info, logger, lr_at(pos.step - 1, args))
+            log_loss(window, pos, info, logger, lr)
         if periodic:
             save(pos, Path(args.output_dir) / "last.pt", args.keep_last)
         if pos.step == end:
@@ -302,7 +303,7 @@ def main(args: argparse.Namespace) -> None:
         train_model = torch.compile(ddp, dynamic=False, mode=args.compile_mode)
         loss_fn = torch.compile(loss_fn, dynamic=False)
 
-    # ---- optimizer; the LR is set each step from lr_at(step)
+    # ---- optimizer; the LR is set each step by lr_at, a function of the position in training alone
     optimizer = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.98), eps=1e-9,
                                   fused=device.type == "cuda")  # fmt: skip
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
@@ -341,6 +342,7 @@ def main(args: argparse.Namespace) -> None:
     writer = CheckpointWriter()
     save_at = partial(save, model=model, optimizer=optimizer, scaler=scaler, args=args, info=info, writer=writer,
                       tokenizer=tok_json, model_config=asdict(cfg), langs=langs)  # fmt: skip
+    lr_of = partial(lr_at, args=args, sampler=sampler)
 
     # ---- training: an epoch, its evaluation, then the checkpoint that moves the position past it. One DataLoader
     # iterator deals epoch after epoch (its workers never restart); each epoch takes its steps' batches from it.
@@ -349,7 +351,7 @@ def main(args: argparse.Namespace) -> None:
     for epoch in range(pos.epoch, args.epochs):
         end = min(max_steps, pos.step + sampler.steps_in(epoch) - pos.batch_in_epoch // args.accum_steps)
         stopped = train_one_epoch(train_model, loss_fn, optimizer, scaler, no_sync, batches, sampler.step_tokens(epoch),
-                                  pos, window, args, info, logger, save_at, end)  # fmt: skip
+                                  pos, window, args, info, logger, save_at, end, lr_of)  # fmt: skip
         if stopped:  # preempted: every rank at this step; the checkpoint holds every rank's part of the open window
             save_at(pos, out / "last.pt", window={"sums": all_reduce_sum(window.sums.clone()), "n": window.n})
             break
