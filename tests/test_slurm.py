@@ -119,6 +119,39 @@ def test_sbatch_preempted_requeues_and_resumes(slurm_env, tmp_path, cifar_dir, s
     check_run(out, 2, launcher, steps=12)
 
 
+def test_a_users_own_sbatch_script_from_the_docs_requeues(slurm_env, tmp_path, cifar_dir):
+    """scripts/README.md's own sbatch script, as a user copies it (one node of 2 CPU processes here, and a tiny
+    cifar run): SIGTERM to the tasks stops the ranks at a step with a checkpoint and the marker file, its last line
+    requeues the job, and the second start resumes to the end. Without the marker (the ranks' at_cleanup not
+    creating it) the job ends after the first start and the test fails."""
+    text = (REPO / "scripts" / "README.md").read_text()
+    script = text.split("**Preemption in your own sbatch script.**")[1].split("```bash\n")[1].split("```")[0]
+    log, out, port = tmp_path / "job.log", tmp_path / "run", 15000 + os.getpid() % 20000
+    cmd = " ".join([PY, *train(out, cifar_dir, 12, "-j", "1", arch="resnet18")])
+    for doc, here in ((" --gpus-per-node=8", ""), ("--nodes=2", "--nodes=1"), ("-per-task=64", "-per-task=2"),
+                      ("--nproc-per-node=8", "--nproc-per-node=2"), (":29500", f":{port}"),
+                      ("cifar_resnet/train.py --data-dir data/cifar10 -a resnet50 --output-dir runs/r50",
+                       f"--no-python {cmd}")):  # one CPU node, a tiny run  # fmt: skip
+        assert doc in script, doc
+        script = script.replace(doc, here)
+    (tmp_path / "job.sh").write_text(script)
+    job_id = sbatch(slurm_env, log, f"--chdir={REPO}", str(tmp_path / "job.sh"))
+    t0 = time.time()
+    while not (out / "metrics.jsonl").exists() or len(train_steps(out)) < 2:
+        assert time.time() - t0 < 120 and job(slurm_env, job_id)["JobState"] in ("PENDING", "RUNNING"), log.read_text()
+        time.sleep(0.2)
+    run(["scancel", "--signal=TERM", job_id], env=slurm_env)
+    wait_for(slurm_env, job_id, lambda i: (i["JobState"], i["Restarts"]) == ("PENDING", "1"), 120)
+    stopped_at = train_steps(out)[-1]
+    time.sleep(2)  # as above: release the requeued job now, not within the second of its requeue
+    run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=slurm_env)
+    text = finished(slurm_env, job_id, log)
+    assert f"stopped by SIGTERM at step {stopped_at}; checkpoint saved" in text, text[-3000:]
+    assert f"resumed from {out / 'last.pt'}: epoch 0, step {stopped_at}" in text, text[-3000:]
+    assert train_steps(out) == list(range(1, 13)) and not list(REPO.glob(f".preempted-{job_id}"))
+    check_run(out, 2, "torchrun", steps=12)
+
+
 def test_helper_sh_runs_torchrun_on_every_node(slurm_env, tmp_path, cifar_dir):
     """The Palmetto-style helper.sh under srun, one task per node: MASTER_HOST PROJECT_DIR NODES GPUS EPOCHS."""
     log, out = tmp_path / "job.log", tmp_path / "run"
