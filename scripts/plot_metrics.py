@@ -2,23 +2,27 @@
 
     python scripts/plot_metrics.py runs/a/metrics.jsonl runs/b/metrics.jsonl --out curves.png
     python scripts/plot_metrics.py runs/a --out curves.png      # a run directory works too
+    python scripts/plot_metrics.py runs/a --panels loss eval    # train loss and the val metric alone
 
 Steps that a restarted run repeated (it resumed from an earlier checkpoint) are plotted once: the last record wins.
+The same logs and matplotlib give the same pixels: default style, fixed size and dpi. A PNG's metadata names each log
+with its sha256, so a picture can be checked against the log it claims to show.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from pathlib import Path
 
-PANELS = [  # (title, split filter, key candidates)
-    ("train loss", "train", ["loss"]),
-    ("eval", "eval", ["acc1", "bleu"]),
-    ("eval loss", "eval", ["loss"]),
-    ("learning rate", "train", ["lr"]),
-    ("throughput", "train", ["img_per_s", "tok_per_s"]),
-]
+PANELS = {  # name: (title, split filter, key candidates)
+    "loss": ("train loss", "train", ["loss"]),
+    "eval": ("eval", "eval", ["acc1", "bleu"]),
+    "eval-loss": ("eval loss", "eval", ["loss"]),
+    "lr": ("learning rate", "train", ["lr"]),
+    "throughput": ("throughput", "train", ["img_per_s", "tok_per_s"]),
+}
 
 
 def default_label(path: Path) -> str:
@@ -28,13 +32,21 @@ def default_label(path: Path) -> str:
     return path.stem
 
 
+def log_file(path: Path) -> Path:
+    return path / "metrics.jsonl" if path.is_dir() else path
+
+
 def load(path: Path) -> list[dict]:
-    path = path / "metrics.jsonl" if path.is_dir() else path
-    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    recs = [json.loads(line) for line in log_file(path).read_text().splitlines() if line.strip()]
     latest: dict[tuple, dict] = {}
     for r in recs:  # de-duplicate (split, step) after restarts, keeping the newest
         latest[(r.get("split"), r.get("step"))] = r
     return sorted(latest.values(), key=lambda r: r.get("step") or 0)
+
+
+def sources(runs: list[Path]) -> str:
+    """What a PNG's "Source" entry says: each log as given on the command line, with its sha256."""
+    return "; ".join(f"{log_file(p)} sha256:{hashlib.sha256(log_file(p).read_bytes()).hexdigest()}" for p in runs)
 
 
 def main() -> None:
@@ -46,6 +58,7 @@ def main() -> None:
         nargs="*",
         help="legend labels (default: the run directory, or the file name when it is not metrics.jsonl)",
     )
+    p.add_argument("--panels", nargs="+", choices=list(PANELS), default=list(PANELS), help="which plots, in order")
     args = p.parse_args()
 
     import matplotlib
@@ -53,11 +66,14 @@ def main() -> None:
     matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.4))
+    plt.style.use("default")  # not a matplotlibrc's: the same logs give the same picture everywhere
+    panels = [PANELS[name] for name in args.panels]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
+    axes = axes[0]
     for i, path in enumerate(args.runs):
         recs = load(path)
         label = args.labels[i] if args.labels and i < len(args.labels) else default_label(path)
-        for ax, (title, split, keys) in zip(axes, PANELS):
+        for ax, (title, split, keys) in zip(axes, panels):
             rows = [r for r in recs if (r.get("split") == "train") == (split == "train")]
             key = next((k for k in keys if any(k in r for r in rows)), None)
             if key is None:
@@ -70,7 +86,8 @@ def main() -> None:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(args.out, dpi=110)
+    meta = {"Source": sources(args.runs)} if str(args.out).lower().endswith(".png") else None
+    fig.savefig(args.out, dpi=110, metadata=meta)  # PNG: no timestamp, so a redraw is the same file
     print(f"wrote {args.out}")
 
 
