@@ -48,8 +48,8 @@ TORCHRUN = str(REPO / "tests/helpers/torchrun.py")
 # needs it meanwhile waits.
 SLOWEST_FIRST = ["test_cifar.py", "test_imagenet.py", "test_launchers.py", "test_transformer.py", "test_chaos.py",
                  "test_fsdp.py", "test_slurm.py",
-                 "test_fault.py::other", "test_docs.py", "test_watchdog.py", "test_bench.py", "test_ddp.py",
-                 "test_checkpoint.py"]  # fmt: skip
+                 "test_fault.py::other", "test_docs.py", "test_wandb.py", "test_watchdog.py", "test_bench.py",
+                 "test_ddp.py", "test_checkpoint.py"]  # fmt: skip
 
 
 def group(item) -> str:
