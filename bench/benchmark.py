@@ -482,8 +482,7 @@ def bare_transformer_step(preset: str, vocab: int, tokens: int, length: int, dev
         pairs = ParallelDataset(*([torch.randint(4, vocab, (k,), generator=g).tolist() for k in lens]
                                   for lens in (src_lens, tgt_lens)))  # fmt: skip
         bounds = [0, *itertools.accumulate(sizes)]
-        batch = torch.utils.data.default_collate([PackedRows(pairs, length)[list(range(a, b))]
-                                                  for a, b in zip(bounds, bounds[1:])])  # fmt: skip
+        batch = torch.stack([PackedRows(pairs, length)[list(range(a, b))] for a, b in zip(bounds, bounds[1:])], 1)
         src, tgt_in, tgt_out, src_doc, tgt_doc = (t.to(device) for t in batch)
         inputs, per_step = (src, tgt_in, src_doc, tgt_doc), int((tgt_out != 0).sum())
     else:

@@ -97,7 +97,7 @@ def packed_example(pack_len: int = 40):
     src = [torch.randint(4, 50, (n,), generator=g).tolist() for n in (5, 9, 3, 12)]
     tgt = [torch.randint(4, 50, (n,), generator=g).tolist() for n in (7, 4, 10, 6)]
     rows = [[0, 1, 2], [3]]
-    batch = torch.utils.data.default_collate([PackedRows(ParallelDataset(src, tgt), pack_len)[r] for r in rows])
+    batch = torch.stack([PackedRows(ParallelDataset(src, tgt), pack_len)[r] for r in rows], dim=1)  # as train.py
     return src, tgt, rows, batch
 
 

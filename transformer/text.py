@@ -325,13 +325,13 @@ def pack_rows(src_lens: list[int], tgt_lens: list[int], capacity: int) -> list[i
 
 
 class PackedRows(Dataset):
-    """dataset[list of pair indices] -> one row (src, tgt_in, tgt_out, src_doc, tgt_doc), each (pack_len,) int64.
+    """dataset[list of pair indices] -> one row, (5, pack_len) int64: src, tgt_in, tgt_out, src_doc, tgt_doc.
     Pair k is document k on both sides; the tail (<pad>, no loss) is one more document, never empty."""
 
     def __init__(self, pairs: ParallelDataset, pack_len: int):
         self.pairs, self.pack_len = pairs, pack_len
 
-    def __getitem__(self, row: list[int]) -> tuple[torch.Tensor, ...]:
+    def __getitem__(self, row: list[int]) -> torch.Tensor:
         src, tgt = [self.pairs.src[i] for i in row], [self.pairs.tgt[i] for i in row]
         out = torch.full((5, self.pack_len), PAD)
         out[3:] = len(row)  # the tail's document id
@@ -341,7 +341,7 @@ class PackedRows(Dataset):
                 out[side, : len(ids)] = ids
                 if doc is not None:
                     out[doc, : len(ids)] = torch.repeat_interleave(torch.tensor([len(x) for x in seqs]))
-        return tuple(out)
+        return out
 
 
 class PackedBatchSampler(Sampler):

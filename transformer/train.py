@@ -124,7 +124,7 @@ def build_data(args, info, tok, splits: dict, pack_len: int):
                                       args.accum_steps, args.epochs)  # fmt: skip
     rows = text.PackedRows(text.ParallelDataset(src, tgt), pack_len)
     kw = loader_kwargs(args.workers, args.seed, info.rank, info.device)
-    loader = torch.utils.data.DataLoader(rows, batch_sampler=sampler, **kw)
+    loader = torch.utils.data.DataLoader(rows, batch_sampler=sampler, collate_fn=partial(torch.stack, dim=1), **kw)
     return sampler, loader, eval_sets, {"train_pairs": len(src), "dropped_long_pairs": n_long}
 
 
@@ -154,9 +154,11 @@ def train_one_epoch(model, loss_fn, optimizer, scaler, no_sync, batches, step_to
     model.train()
     dtype = amp_dtype(args.amp, info.device)
     for i, batch in zip(range(pos.batch_in_epoch, pos.batch_in_epoch + (end - pos.step) * args.accum_steps), batches):
-        src, tgt_in, tgt_out, src_doc, tgt_doc = (t.to(info.device, non_blocking=True) for t in batch)
-        if i % args.accum_steps == 0:  # dropout masks depend on (seed, rank, step) only: resumable
-            torch.manual_seed(mix_seed(args.seed, info.rank, pos.step))
+        src, tgt_in, tgt_out, src_doc, tgt_doc = batch.to(info.device, non_blocking=True)  # one (5, rows, len) copy
+        if i % args.accum_steps == 0:  # dropout masks depend on (seed, rank, step) only: resumable; the device's
+            # generator alone (torch.manual_seed also queues a stack trace a step for each absent accelerator kind)
+            rng = torch.cuda if info.device.type == "cuda" else torch.default_generator
+            rng.manual_seed(mix_seed(args.seed, info.rank, pos.step))
         sync = (i + 1) % args.accum_steps == 0
         # [DDP 3] micro-batches that do not step accumulate locally: no gradient all-reduce until the last one
         with no_sync() if not sync and info.world_size > 1 else contextlib.nullcontext():
