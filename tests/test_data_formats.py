@@ -111,8 +111,8 @@ def test_imagenet_tars_prepared_as_the_readme_says(tmp_path):
 
     cmds = block("imagenet/README.md", "imagenet-prep")
     fetch = "wget -qO- https://raw.githubusercontent.com/soumith/imagenetloader.torch/master/valprep.sh | bash"
-    assert cmds.count(fetch) == 1 and cmds.startswith("cd DATA && ")
-    run(["bash", "-ec", cmds.replace(fetch, f"bash {tmp_path / 'valprep.sh'}").replace("cd DATA", f"cd {data}", 1)])
+    assert cmds.count(fetch) == 1 and cmds.startswith("cd /data/imagenet && ")
+    run(["bash", "-ec", cmds.replace(fetch, f"bash {tmp_path / 'valprep.sh'}").replace("/data/imagenet", str(data), 1)])
     for split, n in (("train", 4), ("val", 2)):
         assert sorted(p.name for p in (data / split).iterdir()) == wnids
         assert all(len(list((data / split / w).glob("*.JPEG"))) == n for w in wnids)
