@@ -56,9 +56,9 @@ def jpeg(what: str, key: str = "img_per_s"):  # a row of the one bench run of ev
     return row("jpeg_decode_paths_1xh200.json", "imagenet/train.py ResNet-50, 20480 JPEGs of 500x375 q90 (100 KB), " + what, key)
 def eff(many: float, one: float, n: int) -> float: return 100 * many / (n * one)  # per-GPU weak-scaling efficiency, %
 def ms(values: list) -> tuple[float, float]: return mean(values), stdev(values)
-def chaos(script: str) -> tuple:  # bench/chaos.py's runs of a script, summed: survived/thrown per kind, endings alike
-    lines = [json.loads(x) for p in sorted(RUNS.glob(f"chaos_{script}_*cpu.jsonl")) for x in text(p.name).splitlines()]
-    runs = first(f"chaos_{script}_*cpu.jsonl", "summary", [[r["summary"] for r in lines if "summary" in r]])
+def chaos(script: str, logs: str = "chaos") -> tuple:  # bench/chaos.py's runs of a script, summed: survived/thrown per kind, endings alike
+    lines = [json.loads(x) for p in sorted(RUNS.glob(f"{logs}_{script}_*cpu.jsonl")) for x in text(p.name).splitlines()]
+    runs = first(f"{logs}_{script}_*cpu.jsonl", "summary", [[r["summary"] for r in lines if "summary" in r]])
     add = lambda key, kind="": sum(r[key][kind] if kind else r[key] for r in runs)  # noqa: E731
     kinds = [f"{add('survived', k)}/{add('thrown', k)}" for k in runs[0]["thrown"]]
     kinds[3] += f" ({sum(r['saved_exit_75'] for r in lines if r.get('fault') == 'term agent')} saved)"  # exit 75 after a save
@@ -176,6 +176,7 @@ def figures() -> list[tuple]:
         (IN, "{:,.0f} img/s,\n{:.1f}% of `--dummy`", ji["tg"], 100 * ji["tg"] / ji["dg"]),
         # BENCHMARKS.md, random faults (bench/chaos.py)
         *[chaos(s) for s in ("cifar", "transformer", "transformer-fsdp", "imagenet")],
+        *[chaos(s, "chaos-startup") for s in ("cifar", "transformer")],
     ]
 # fmt: on
 
