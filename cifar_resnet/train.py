@@ -26,7 +26,7 @@ from cifar10 import DeviceData, load_splits
 from resnets import DEPTHS, CifarResNet
 
 from common import hardening  # [hardening] fault survival, one call in main(); a minimal copy deletes these lines
-from common.args import ABOVE_0, AT_LEAST_0, COUNT, FRACTION, POSITIVE, PROBABILITY, add_shared_args
+from common.args import ABOVE_0, AT_LEAST_0, COUNT, FRACTION, POSITIVE, PROBABILITY, add_shared_args, from_checkpoint
 from common.checkpoint import CheckpointWriter, Position, checkpoint_state, resolve_resume, resume
 from common.data import ResumableDistributedSampler, SeededDataset, loader_kwargs
 from common.distributed import all_reduce_sum, print0, setup_distributed, stop_requested, watched
@@ -165,7 +165,7 @@ def main(args: argparse.Namespace) -> None:
 
     # ---- data: a cache of decoded images is written by one rank per host, the others wait for it
     train_ds, eval_ds, eval_name = load_splits(args, out, writer=info.local_rank == 0, is_main=info.is_main)
-    if len(train_ds) < global_batch:
+    if len(train_ds) < global_batch and not args.evaluate:
         raise UserError(f"global batch {global_batch} is larger than the {len(train_ds)} training images (lower -b)")
     # [DDP 2] each rank reads its own shard of every epoch; the order of epoch e depends only on (seed, e)
     sampler = ResumableDistributedSampler(len(train_ds), info.rank, info.world_size, args.seed)
@@ -180,7 +180,11 @@ def main(args: argparse.Namespace) -> None:
             eval_ds, 256, sampler=range(info.rank, len(eval_ds), info.world_size), **kw
         )
 
-    # ---- model
+    # ---- model: with -e, the checkpoint's (and its evaluation settings) unless the command line says otherwise
+    ckpt_path, pos = resolve_resume(args.resume, out), Position()
+    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True) if ckpt_path else {}  # runs no code
+    if args.evaluate and ckpt:
+        from_checkpoint(get_args_parser(), args, ckpt["args"], ("arch",), ("tta",))
     model = build_model(args.arch).to(device)
     if args.sync_bn and info.world_size > 1 and device.type == "cuda":
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
@@ -203,9 +207,7 @@ def main(args: argparse.Namespace) -> None:
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
 
     # ---- resume: the same command, restarted, continues where the run stopped
-    ckpt_path, pos, ckpt = resolve_resume(args.resume, out), Position(), {}
-    if ckpt_path is not None:
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)  # tensors and numbers: runs no code
+    if ckpt:
         pos = resume(ckpt_path, ckpt, model, optimizer, scaler, ema, world_size=info.world_size,
                      batch_size=args.batch_size, accum_steps=args.accum_steps)  # fmt: skip
     if args.evaluate:

@@ -6,6 +6,8 @@ import argparse
 import math
 from collections.abc import Callable
 
+from common.errors import UserError
+
 
 def checked(kind: type, ok: Callable[[float], bool], what: str) -> Callable[[str], float]:
     """A ``type=``: the text as ``kind`` if it is finite and ``ok`` holds for it, else ``<text> <what>``."""
@@ -64,3 +66,14 @@ def add_dist_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dist-timeout", type=ABOVE_0, default=600.0, help="seconds before a rendezvous, collective fails")
     g.add_argument("--stall-timeout", type=AT_LEAST_0, default=1200.0,
                    help="seconds without progress before a rank dumps its stacks and exits 124 (0: off)")  # fmt: skip
+
+
+def from_checkpoint(p: argparse.ArgumentParser, args, saved: dict, model: tuple, evaluation: tuple) -> None:
+    """-e: the ``model`` and ``evaluation`` flags the command line leaves out take the checkpoint's (``saved``)."""
+    unset = object()  # in a namespace holding it for every flag, a parse replaces only the flags given
+    given = vars(p.parse_known_args(namespace=argparse.Namespace(**dict.fromkeys(vars(args), unset)))[0])
+    for k in model + evaluation:
+        if given[k] is unset:
+            setattr(args, k, saved.get(k, getattr(args, k)))
+        elif k in model and saved.get(k) not in (None, given[k]):
+            raise UserError(f"--{k.replace('_', '-')} {given[k]} contradicts the checkpoint's {saved[k]} (drop it)")

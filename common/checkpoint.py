@@ -1,5 +1,4 @@
-"""[DDP 6] Checkpoints: rank 0 saves atomically (``CheckpointWriter``; no collective inside); every rank resumes from
-``torch.load(path, map_location="cpu", weights_only=True)``: tensors and numbers only, so a file never runs code."""
+"""[DDP 6] Checkpoints: rank 0 saves atomically, no collective inside; every rank loads tensors only (no code runs)."""
 
 from __future__ import annotations
 
@@ -110,8 +109,7 @@ def resolve_resume(resume: str, output_dir: Path) -> Path | None:
 
 def resume(path: Path, ckpt: dict, model, optimizer, scaler, ema=None, *, world_size: int, batch_size: int = 0,
            accum_steps: int = 1) -> Position:  # fmt: skip
-    """Load ``ckpt`` (read from ``path``) into the training objects; return where training stands. With another
-    world size or batch, the epoch continues after the same samples (``batch_size=0``: the caller decides)."""
+    """Load ``ckpt`` into the training objects; return the position, after the same samples at another world size."""
     if model is not None:  # None: the caller loaded the weights and optimizer state itself (sharded checkpoints)
         load_model_state(model, ckpt["model"], path)
         optimizer.load_state_dict(ckpt["optimizer"])

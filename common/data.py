@@ -1,6 +1,4 @@
-"""[DDP 2] The resumable distributed sampler: epoch e's order is a function of ``(seed, e)``, each rank takes every
-world_size-th sample of it; a resumed epoch skips the samples done. ``SeededDataset``: augmentation a function of
-``(seed, epoch, index)``, so a resume needs no RNG state."""
+"""[DDP 2] The resumable distributed sampler, and augmentation seeded per sample: a resume needs no RNG state."""
 
 from __future__ import annotations
 
@@ -14,8 +12,7 @@ from common.distributed import SEAMS, mix_seed
 
 
 class ResumableDistributedSampler(Sampler):
-    """DistributedSampler (shuffle, drop_last) with ``set_epoch(e, skip=k)``, yielding ``(epoch, index)`` pairs; every
-    rank yields as many samples, so all run the same number of steps (no DDP hang)."""
+    """DistributedSampler (shuffle, drop_last), epoch e's order a function of (seed, e); ``set_epoch(e, skip=k)``."""
 
     def __init__(self, num_samples: int, rank: int = 0, world_size: int = 1, seed: int = 0):
         self.n, self.rank, self.world, self.seed = num_samples, rank, world_size, seed

@@ -1,5 +1,4 @@
-"""[DDP 1] ``setup_distributed(args)``: how this process was launched, its device, the process group; and the few
-collectives the scripts call by name."""
+"""[DDP 1] ``setup_distributed(args)``: the launcher, this rank's device, the process group; a few collectives."""
 
 from __future__ import annotations
 

@@ -17,8 +17,7 @@ from common.distributed import DistInfo
 
 
 class MetricsLogger:
-    """``keep``: the lines of ``metrics.jsonl`` to keep: 0 for a fresh run, a resumed run's checkpoint's
-    ``pos.log_lines`` (``log`` counts them), so it reads as an uninterrupted run's; None appends (--evaluate)."""
+    """``keep``: the lines of ``metrics.jsonl`` to keep (a resume's ``pos.log_lines``; 0: a fresh run); None appends."""
 
     def __init__(self, out: Path, info: DistInfo, pos: Position, keep: int | None = None, total: int = 0):
         self.out, self.enabled, self.pos, self.wandb = out, info.is_main, pos, None
@@ -68,8 +67,7 @@ class MetricsLogger:
 
 
 class LossWindow:
-    """The training loss since the last log line: each rank adds into its own entry of ``sums``, so one all-reduce
-    gives every rank's sum exactly, for the log or for a checkpoint inside the window (``saved``, on preemption)."""
+    """The training loss since the last log line, each rank's in its own entry of ``sums``: one all-reduce, exact."""
 
     def __init__(self, info: DistInfo, saved: dict[str, Any] | None = None):
         self.rank, self.sums = info.rank, torch.zeros(info.world_size, device=info.device)

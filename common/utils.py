@@ -1,5 +1,4 @@
-"""Training helpers the scripts share: precision, the LR as a function of the step, weight decay groups, the weight
-average, and [DDP 5] exact evaluation of a classifier."""
+"""Training helpers the scripts share: precision, the LR, weight decay, the weight average, [DDP 5] exact eval."""
 
 from __future__ import annotations
 
@@ -22,8 +21,7 @@ def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:  # --amp: a
 
 
 def lr_at(epoch: int, step: int, peak: float, args: Any, steps_per_epoch: int) -> float:
-    """``peak`` x cosine to 0 at --epochs, onecycle (up to 25% of training, then down), or x --lr-gamma every
-    --lr-step-size epochs, after --warmup-epochs, at step ``step`` of epoch ``epoch``: the same on any GPU count."""
+    """The LR of step ``step`` (from 0) of epoch ``epoch``: warmup, then cosine, onecycle or step decay, in epochs."""
     step += epoch * steps_per_epoch
     warmup, total = round(args.warmup_epochs * steps_per_epoch), args.epochs * steps_per_epoch
     if args.lr_schedule == "onecycle":
@@ -53,8 +51,7 @@ def check_finite(loss: float, step: int) -> None:
 
 
 class EMA:
-    """A moving average of a model's weights and buffers, on the device. After step n, decay min(decay, (1 + n) /
-    (10 + n)): the first updates are not pulled to the initial weights."""
+    """A moving average of a model's weights and buffers; after step n, decay min(decay, (1 + n) / (10 + n))."""
 
     def __init__(self, model: torch.nn.Module, decay: float):
         self.module, self.decay = copy.deepcopy(model).requires_grad_(False), decay
@@ -72,8 +69,7 @@ class EMA:
 @torch.no_grad()
 def evaluate_classifier(model: torch.nn.Module, batches: Iterable, device: torch.device, dtype: torch.dtype | None,
                         tta: bool = False) -> dict[str, float]:  # fmt: skip
-    """Exact metrics: each rank sums over its own batches (each sample on one rank, none padded), one all-reduce adds
-    the sums. The bare model, not DDP (ranks may hold unequal batch counts), eager (a new shape would recompile)."""
+    """Exact: each rank sums its own batches (none padded), one all-reduce; the bare model (not DDP), eager."""
     if dist.is_initialized():  # every rank evaluates rank 0's BatchNorm statistics, the ones its checkpoint holds
         for b in model.buffers():
             dist.broadcast(b, src=0)

@@ -1,8 +1,7 @@
 """One Triton kernel that turns a batch of decoded images into the model's input (crop, antialiased bilinear resize,
 flip, normalization, memory layout) in a single launch, where torch takes two or three small launches per image.
 The arithmetic is torch's ``F.interpolate(mode="bilinear", antialias=True)``; float32 throughout. On a CPU device
-``crop_resize`` calls torch's resize per image; the tests run the kernel in Triton's interpreter.
-"""
+``crop_resize`` calls torch's resize per image; the tests run the kernel in Triton's interpreter."""
 
 from __future__ import annotations
 

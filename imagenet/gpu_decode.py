@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import math
 import queue
 import re
 import threading
@@ -23,6 +22,7 @@ from typing import NamedTuple
 
 import PIL.Image
 import torch
+import torchvision.transforms as T
 from crop_resize import crop_resize
 from imagenet_data import MEAN, STD
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg
@@ -32,24 +32,6 @@ from common.distributed import mix_seed
 Box = tuple[int, int, int, int, bool]  # top, left, height, width, flip
 Batch = tuple[torch.Tensor | None, torch.Tensor | None, list[str]]  # x, y, bad: as imagenet_data.collate's
 RGB = ImageReadMode.RGB  # grayscale and CMYK files come out as 3 channels, as with Pillow's convert("RGB")
-
-
-def random_resized_crop_box(height: int, width: int, g: torch.Generator, scale=(0.08, 1.0),
-                            ratio=(3 / 4, 4 / 3)) -> tuple[int, int, int, int]:  # fmt: skip
-    """``T.RandomResizedCrop.get_params`` drawing from ``g``: the same torch calls in the same order, so the same
-    generator state gives the same box."""
-    log_ratio = torch.log(torch.tensor(ratio))
-    for _ in range(10):
-        target_area = height * width * torch.empty(1).uniform_(scale[0], scale[1], generator=g).item()
-        aspect_ratio = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1], generator=g)).item()
-        w, h = round(math.sqrt(target_area * aspect_ratio)), round(math.sqrt(target_area / aspect_ratio))
-        if 0 < w <= width and 0 < h <= height:
-            top = int(torch.randint(0, height - h + 1, size=(1,), generator=g).item())
-            left = int(torch.randint(0, width - w + 1, size=(1,), generator=g).item())
-            return top, left, h, w
-    # ten misses: the centre crop, clamped to the ratio range
-    w, h = min(width, round(height * max(ratio))), min(height, round(width / min(ratio)))
-    return (height - h) // 2, (width - w) // 2, h, w
 
 
 class Encoded(NamedTuple):
@@ -89,9 +71,10 @@ class EncodedImages(torch.utils.data.Dataset):
         route = ("cuda" if progressive else "hw") if jpeg and end_marker else "cpu"
         if epoch is None:
             return Encoded(path, label, data, None, route, None)
-        g = torch.Generator().manual_seed(mix_seed(self.seed, epoch, i))
-        box = random_resized_crop_box(height, width, g, self.scale, self.ratio)
-        flip = torch.rand(1, generator=g).item() < 0.5  # RandomHorizontalFlip's draw, right after the crop's
+        with torch.random.fork_rng(devices=[]):  # seeded as SeededDataset seeds the Pillow path: the same draws
+            torch.manual_seed(mix_seed(self.seed, epoch, i))
+            box = T.RandomResizedCrop.get_params(torch.empty(0, height, width), self.scale, self.ratio)
+            flip = torch.rand(1).item() < 0.5  # RandomHorizontalFlip's draw, right after the crop's
         return Encoded(path, label, data, (*box, flip), route, None)
 
 

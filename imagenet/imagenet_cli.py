@@ -1,7 +1,6 @@
 """imagenet/train.py's command line, pytorch/examples main.py's: its flags, the recipes that fill those left unset, the
-checks that look at the data folder, and main.py's own launch modes: ``--multiprocessing-distributed`` starts a
-process per GPU of this node (``--nproc-per-node`` on CPUs), ``--world-size`` and ``--rank`` counting nodes as in
-main.py; ``--gpu N`` puts one process on GPU N."""
+checks of the data folder, and main.py's launch modes: ``--multiprocessing-distributed`` (a process per GPU of this
+node, ``--nproc-per-node`` on CPUs; ``--world-size``, ``--rank`` count nodes), ``--gpu N`` (one process on GPU N)."""
 
 from __future__ import annotations
 
@@ -77,7 +76,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.set_defaults(print_freq=10)  # main.py's
     g = p.add_argument_group("architecture")
     g.add_argument("-a", "--arch", type=arch, default="resnet50", help="any torchvision classification model name")
-    g.add_argument("--pretrained", action="store_true", help="start from torchvision's ImageNet weights")
+    g.add_argument("--pretrained", nargs="?", const=True, default=False, metavar="FILE",
+                   help="start from ImageNet weights: torchvision's, or FILE's; other classes: a new head")  # fmt: skip
     g.add_argument("--weights", default=None, help="with --pretrained: IMAGENET1K_V1 (main.py's), V2, DEFAULT...")
     g = p.add_argument_group("optimization (unset values come from --recipe)")
     g.add_argument("--recipe", choices=tuple(RECIPES), default="classic", help="classic: main.py; modern: NVIDIA-like")
@@ -109,14 +109,16 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 def apply_recipe(args: argparse.Namespace) -> None:  # the flags left unset take --recipe's values
     vars(args).update({k: v for k, v in RECIPES[args.recipe].items() if getattr(args, k) is None})
+    if args.data is None and args.pretrained not in (True, False) and os.path.isdir(args.pretrained):  # main.py's
+        args.data, args.pretrained = args.pretrained, True  # `--pretrained DATA`: the folder is DATA, not weights
 
 
 def check_args(args: argparse.Namespace) -> None:
     """What no type= can check: flags against each other, the GPU, the data folder's layout and classes."""
     if args.start_epoch >= args.epochs:
         raise UserError(f"--start-epoch {args.start_epoch} must be in 0..{args.epochs - 1} (an epoch before --epochs)")
-    if args.weights is not None and not args.pretrained:
-        raise UserError(f"--weights {args.weights} needs --pretrained (add --pretrained)")
+    if args.weights is not None and args.pretrained is not True:
+        raise UserError(f"--weights {args.weights} needs --pretrained (without FILE: it names torchvision's file)")
     if args.gpu is not None and not torch.cuda.is_available():
         raise UserError(f"--gpu {args.gpu} but no CUDA GPU is visible (drop --gpu to run on the CPU)")
     if args.synthetic:

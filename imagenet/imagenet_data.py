@@ -1,5 +1,5 @@
 """imagenet/train.py's inputs besides the command line: ImageFolders whose unreadable files are reported instead of
-killing a worker, the transforms, mixup/cutmix on the device, and --pretrained's weights from the torch hub cache."""
+killing a worker, the transforms, mixup/cutmix on the device, and --pretrained's weights (a file, or the hub cache)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch
 import torchvision
 import torchvision.transforms as T
 
+from common.checkpoint import strip_prefixes
 from common.distributed import all_reduce_sum
 from common.errors import UserError
 
@@ -74,9 +75,19 @@ def mixup_cutmix(args, num_classes: int):
     return (ops[0] if len(ops) == 1 else v2.RandomChoice(ops)) if ops else None
 
 
-def pretrained_weights(args, local_rank: int, device: torch.device):
-    """--pretrained's weights (torchvision's entry), downloaded into the torch hub cache once per node while the other
-    ranks wait; offline, one line naming where to put the file."""
+def pretrained_weights(args, num_classes: int, local_rank: int, device: torch.device):
+    """(weights, name) of --pretrained: FILE's state_dict (a checkpoint's model), or torchvision's entry (a state_dict
+    for other than 1000 classes) downloaded once per node into the hub cache (offline: one line naming the path)."""
+    if not args.pretrained:
+        return None, None
+    if args.pretrained is not True:  # a file, read as tensors only: it runs no code
+        try:
+            state = torch.load(args.pretrained, map_location="cpu", weights_only=True)
+        except Exception as e:  # no such file, not one torch.save wrote, pickled code
+            why = (str(e) or type(e).__name__).splitlines()[0][:160]
+            raise UserError(f"--pretrained {args.pretrained}: cannot load it ({why})") from None
+        state = state.get("model", state) if isinstance(state, dict) else {}  # a checkpoint: its model
+        return strip_prefixes(state), args.pretrained
     enum = torchvision.models.get_model_weights(args.arch)
     name = args.weights or ("IMAGENET1K_V1" if "IMAGENET1K_V1" in enum.__members__ else "DEFAULT")
     if name not in enum.__members__:
@@ -97,4 +108,4 @@ def pretrained_weights(args, local_rank: int, device: torch.device):
             socket.setdefaulttimeout(old)
     if all_reduce_sum(torch.tensor([float(err is not None)], device=device)).item():  # a barrier before the read
         raise UserError(err or "--pretrained: downloading the weights failed on another node")
-    return w
+    return (w if num_classes == 1000 else w.get_state_dict(progress=False, weights_only=True)), w

@@ -30,6 +30,7 @@ from imagenet_cli import apply_recipe, check_args, get_args_parser, gpu_launch, 
 from imagenet_data import check_bad, collate, image_folder, mixup_cutmix, pretrained_weights, transforms
 
 from common import hardening  # [hardening] fault survival, one call in main(); a minimal copy deletes these lines
+from common.args import from_checkpoint
 from common.checkpoint import CheckpointWriter, Position, checkpoint_state, load_model_state, resolve_resume, resume
 from common.data import ResumableDistributedSampler, SeededDataset, loader_kwargs
 from common.distributed import DistInfo, all_reduce_sum, mix_seed, print0, setup_distributed, stop_requested, watched
@@ -38,9 +39,18 @@ from common.metrics import LossWindow, MetricsLogger
 from common.utils import EMA, amp_dtype, check_finite, evaluate_classifier, lr_at, param_groups
 
 
-def build_model(arch: str, num_classes: int, weights=None) -> nn.Module:
+def build_model(arch: str, num_classes: int, weights=None, source=None) -> nn.Module:
+    """``weights``: torchvision's entry, or ``source``'s ImageNet state_dict: all of it but a head of another size."""
     kw = {"aux_logits": False} if arch in ("googlenet", "inception_v3") else {}  # one output like every other model
-    return torchvision.models.get_model(arch, weights=weights, num_classes=num_classes, **kw)
+    if not isinstance(weights, dict):  # None, or an entry torchvision loads itself
+        return torchvision.models.get_model(arch, weights=weights, num_classes=num_classes, **kw)
+    model = torchvision.models.get_model(arch, num_classes=num_classes, **kw)
+    own = model.state_dict()
+    head = [k for k, v in weights.items() if k in own and own[k].shape != v.shape and v.shape[:1] == (1000,)]
+    load_model_state(model, {**weights, **{k: own[k] for k in head}}, source)
+    if head:
+        print0(f"--pretrained: a new head ({', '.join(head)}) for {num_classes} classes, the rest from {source}")
+    return model
 
 
 def build_data(args, info, channels_last: bool) -> SimpleNamespace:
@@ -57,8 +67,6 @@ def build_data(args, info, channels_last: bool) -> SimpleNamespace:
         d.num_classes, d.n_train, d.n_val = len(val_ds.classes), len(train_ds or ()), len(val_ds)
     if d.num_classes == 1:
         print0(f"warning: {args.data} holds one class: it trains to a loss of 0 and learns nothing", file=sys.stderr)
-    if args.pretrained and d.num_classes != 1000:
-        raise UserError(f"--pretrained loads 1000-class ImageNet heads, but {args.data} has {d.num_classes} classes")
     kw = {**loader_kwargs(args.workers, args.seed, info.rank, info.device), "collate_fn": collate}
     if d.gpu_decode:  # workers only read file bytes; decode, crop, flip and normalize run on the device
         from gpu_decode import EncodedImages, GpuTransform, Prefetched, collate_encoded
@@ -122,9 +130,8 @@ def val_batches(args, d: SimpleNamespace, info):
 
 
 def evaluate(model, ema, data, args, info, dtype) -> dict[str, float]:
-    """[DDP 5] Exact metrics of the EMA weights where --ema is on (the raw model's as raw_*), else of the model; the
-    unreadable val images skipped, if any, summed over the ranks. Eager: a compiled model would recompile for the
-    last batch's other size."""
+    """[DDP 5] Exact metrics of the EMA weights where --ema is on (the raw model's as raw_*), else of the model, and
+    the unreadable val images skipped on all ranks. Eager: a compiled model would recompile for the last batch."""
     metrics = {}
     for prefix, net in [("raw_" if ema else "", model)] + ([("", ema.module)] if ema else []):
         data.bad["val"] = 0
@@ -210,17 +217,19 @@ def main(args: argparse.Namespace, launch: DistInfo | None = None) -> None:
     ckpt_path = resolve_resume(args.resume, out)
     if args.evaluate and ckpt_path is None and not args.pretrained:
         raise UserError("-e needs weights: --resume CHECKPOINT, --pretrained, or a last.pt in --output-dir")
+    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True) if ckpt_path else {}  # runs no code
+    if args.evaluate and ckpt:  # the checkpoint's model and evaluation settings, unless the command line says others
+        from_checkpoint(get_args_parser(), args, ckpt.get("args", {}), ("arch",), ("val_resize_size", "val_crop_size"))
 
-    # ---- data, then the model: any torchvision classifier, with --pretrained its ImageNet weights
+    # ---- data, then the model: any torchvision classifier, with --pretrained ImageNet's weights
     data = build_data(args, info, channels_last)
-    weights = pretrained_weights(args, info.local_rank, device) if args.pretrained else None
-    model = build_model(args.arch, data.num_classes, weights).to(device)
+    weights, source = pretrained_weights(args, data.num_classes, info.local_rank, device)
+    model = build_model(args.arch, data.num_classes, weights, source).to(device)
     if args.sync_bn and info.world_size > 1 and device.type == "cuda":
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     if args.evaluate:  # -e: the checkpoint's weights (and its EMA's, if it holds them) or --pretrained's, once
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True) if ckpt_path else {}  # runs no code
         if ckpt:
             load_model_state(model, ckpt["model"], ckpt_path)
         ema = EMA(model, 0.0) if "ema" in ckpt else None  # averaged weights: evaluate those, as training did
@@ -228,8 +237,8 @@ def main(args: argparse.Namespace, launch: DistInfo | None = None) -> None:
             ema.module.load_state_dict(ckpt["ema"])
         m, pos = evaluate(model, ema, data, args, info, dtype), Position(ckpt.get("epoch", 0), ckpt.get("step", 0))
         MetricsLogger(out, info, pos).log({"split": "val", "epoch": pos.epoch, "step": pos.step, **m,
-                                           "checkpoint": str(ckpt_path or weights)})  # fmt: skip
-        return print0(f"{ckpt_path or weights} val: {describe(m)}")
+                                           "checkpoint": str(ckpt_path or source)})  # fmt: skip
+        return print0(f"{ckpt_path or source} val: {describe(m)}")
     ddp = model
     if info.world_size > 1:  # [DDP 3] wrap the model: backward all-reduces the gradients, bucket by bucket
         ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
@@ -247,9 +256,8 @@ def main(args: argparse.Namespace, launch: DistInfo | None = None) -> None:
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
 
     # ---- resume: the same command, restarted, continues where the run stopped; else main.py's --start-epoch
-    pos, ckpt = Position(epoch=args.start_epoch, step=args.start_epoch * data.steps_per_epoch), {}
-    if ckpt_path is not None:
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)  # tensors and numbers: runs no code
+    pos = Position(epoch=args.start_epoch, step=args.start_epoch * data.steps_per_epoch)
+    if ckpt:
         pos = resume(ckpt_path, ckpt, model, optimizer, scaler, ema, world_size=info.world_size,
                      batch_size=args.batch_size, accum_steps=args.accum_steps)  # fmt: skip
     steps_per_epoch = data.steps_per_epoch

@@ -203,8 +203,8 @@ CASES = [
     ("imagenet", ["{inet}", "-e", "--resume", "none", "--output-dir", "{tmp}/o"], [], {}, "-e needs weights"),
     ("imagenet", ["{inet}", "--compile-mode", "reduce-overhead"], [], {}, "reduce-overhead needs --compile"),
     ("imagenet", ["{inet}", "--resume", "nope.pt"], [], {}, "--resume nope.pt: no such file"),
-    ("imagenet", ["--dummy", "--pretrained", "-a", "resnet18", "-e"], [], {"TORCH_HOME": "{tmp}/th"},
-     "--pretrained: cannot download"),
+    ("imagenet", ["--dummy", "--pretrained", "-a", "resnet18", "-e", "--output-dir", "{tmp}/o"], [],
+     {"TORCH_HOME": "{tmp}/th"}, "--pretrained: cannot download"),  # no checkpoint there: -e evaluates the weights
     ("imagenet", ["{inet}", "-a", "resnet18"], [], {}, "global batch 256 is larger than the 37"),
     ("imagenet", ["{inet}", "-a", "resnet9000"], [], {},
      "argument -a/--arch: 'resnet9000' is not a torchvision classifier (did you mean"),

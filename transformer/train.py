@@ -30,7 +30,7 @@ import text
 from seq2seq import PRESETS, ModelConfig, Transformer, check_size, model_config, token_loss, translate_ids
 
 from common import hardening  # [hardening] fault survival, one call in main(); a minimal copy deletes these lines
-from common.args import ABOVE_0, AT_LEAST_0, COUNT, FRACTION, POSITIVE, add_shared_args, checked
+from common.args import ABOVE_0, AT_LEAST_0, COUNT, FRACTION, POSITIVE, add_shared_args, checked, from_checkpoint
 from common.checkpoint import CheckpointWriter, Position, checkpoint_state, resolve_resume, resume
 from common.data import loader_kwargs
 from common.distributed import all_reduce_sum, mix_seed, print0, setup_distributed, stop_requested, watched
@@ -274,6 +274,9 @@ def main(args: argparse.Namespace) -> None:
     ckpt_path, pos, ckpt = resolve_resume(args.resume, out), Position(), {}
     if ckpt_path is not None:
         ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)  # tensors and numbers: runs no code
+    if args.evaluate and ckpt:  # the checkpoint's model, language pair and beam, unless the command line says others
+        from_checkpoint(get_args_parser(), args, ckpt["args"], ("preset", "d_model", "layers", "heads", "d_ff"),
+                        ("lang_src", "lang_tgt", "beam"))  # fmt: skip
 
     # ---- text (the Hub is contacted by rank 0 only); the tokenizer: trained by rank 0, kept in every checkpoint
     splits = text.load_corpus(args, info)

@@ -18,9 +18,8 @@ from . import checks, launch, preemption, watchdog, workers
 
 def enable(args: argparse.Namespace, check: Callable[[argparse.Namespace], None] | None = None,
            writes: tuple[str, ...] = (), how: DistInfo | None = None) -> None:  # fmt: skip
-    """Check ``args`` (the shared flags, then the script's own ``check``; ``writes``: files the script writes in
-    --output-dir besides every run's), check the launch (``how``: as setup_distributed will be given it), and fill
-    the core's seams. Call before setup_distributed."""
+    """Before setup_distributed: check ``args`` (the shared flags, the script's ``check``; ``writes``: its own files in
+    --output-dir) and the launch (``how``: as setup_distributed will get it), and fill the core's seams."""
     sys.stdout.reconfigure(errors="backslashreplace")  # a path's bytes that are not UTF-8: \udcff, as on stderr
     checks.check_shared(args, writes)
     if check is not None:

@@ -1,7 +1,6 @@
-"""Preemption: SIGTERM, SIGINT (Ctrl-C) or SIGUSR2 (Slurm's ``--signal``) on any rank stops every rank at the same
-step; the script saves ``last.pt``, exit 75 ("requeue me"). The ranks agree by an all-reduce on a gloo group of its
-own, started at one step and read at the next, so it never blocks the GPU. During start-up a signal ends the rank at
-once, exit 75 too."""
+"""Preemption: SIGTERM, SIGINT (Ctrl-C) or SIGUSR2 (Slurm's ``--signal``) on any rank stops every rank at one step;
+the script saves ``last.pt``, exit 75 ("requeue me"); during start-up, at once. The ranks agree by an all-reduce on a
+gloo group of its own, started at one step and read at the next, so it never blocks the GPU."""
 
 from __future__ import annotations
 

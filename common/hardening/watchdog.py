@@ -1,6 +1,5 @@
-"""A rank without training progress for ``--stall-timeout`` seconds dumps every thread's stack, says what it was
-waiting for and exits 124, for torchrun or Slurm to restart the job. The loop marks progress by an attribute
-assignment (``beat``, ``batches``) that a daemon thread reads: no host sync, collective or lock in the hot loop."""
+"""A rank without progress for ``--stall-timeout`` seconds dumps every stack, says what it waited for and exits 124
+(to be restarted). Progress is an assignment a daemon thread reads: no host sync, collective or lock in the loop."""
 
 from __future__ import annotations
 

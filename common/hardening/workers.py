@@ -1,7 +1,6 @@
-"""DataLoader workers that never outlive their rank nor die of the signals meant for it. They are forked from a fork
-server, not from the rank, whose threads (gloo, NCCL) may hold a lock at the fork. The server starts with the stop
-signals blocked, as does every worker, which ignores them from its first line (``guard``): torchrun, Slurm and Ctrl-C
-signal the whole process group, and a dead worker fails its rank before it saves."""
+"""DataLoader workers that never outlive their rank nor die of the signals meant for it (torchrun, Slurm and Ctrl-C
+signal the whole group; a dead worker fails its rank before it saves): forked from a fork server, not from the rank,
+whose threads (gloo, NCCL) may hold a lock at the fork, with the stop signals blocked, then ignored (``guard``)."""
 
 from __future__ import annotations
 
