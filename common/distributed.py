@@ -14,8 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-# How each launcher tells a process who it is: (launcher, rank, world size, local rank). The first row whose world
-# size is above 1 wins (torchrun's row at any size), so that torchrun inside a Slurm or MPI job is torchrun.
+# (launcher, rank, world size, local rank) variables; the first row of world size > 1 wins (torchrun's, at any size)
 LAUNCHERS = [
     ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"),  # also torch.distributed.launch and accelerate
     ("slurm", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID"),  # srun's tasks (an sbatch script is no step)
