@@ -6,6 +6,7 @@ import getpass
 import json
 import os
 import pickle
+import random
 import re
 import shutil
 import signal
@@ -86,9 +87,15 @@ def pytest_collection_modifyitems(config, items):
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port picked at random above the kernel's ephemeral range (32768-60999 by default): neither a client
+    socket nor another test's pick is likely to take it before the rank that binds it."""
+    while True:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port := random.SystemRandom().randint(61000, 65000)))
+                return port
+            except OSError:
+                continue
 
 
 def run(cmd: list[str], timeout: float = 300, env: dict | None = None, cwd: Path | str = REPO, check: bool = True):

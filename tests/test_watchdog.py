@@ -112,7 +112,7 @@ def assert_stalled(log, rank, what):
     assert "Current thread" in log or "Thread 0x" in log, log[-3000:]  # faulthandler's stack dump
     assert 'File "' in log and "imagenet/train.py" in log
     error = [line for line in log.splitlines() if line.startswith(f"error: rank {rank} stalled: no progress for")]
-    assert len(error) == 1 and what in error[0] and "a larger --stall-timeout than 2," in error[0], log[-3000:]
+    assert len(error) == 1 and what in error[0] and "a larger --stall-timeout than 2;" in error[0], log[-3000:]
     idle = int(re.search(r"no progress for (\d+)s", error[0]).group(1))
     assert 2 <= idle <= 2 + 3, error[0]  # fired at the timeout (give or take a poll on a busy machine)
     assert STALL_EXIT in log, log[-3000:]
