@@ -609,9 +609,11 @@ def test_bad_launch_in_real_processes(paths, tmp_path):
     procs = [subprocess.Popen(cmd, cwd=REPO, env={**base, "OMP_NUM_THREADS": "1", **env}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for cmd, env, _ in cases]  # fmt: skip
     for p, (_, _, want) in zip(procs, cases):
-        _, err = p.communicate(timeout=60)
+        _, err = p.communicate(timeout=300)
         one_error_line(p.returncode, err, want)
-    assert time.time() - t0 < 40  # the unresolvable address fails at once: --dist-timeout is 600 s
+    # the unresolvable address fails at once, not after --dist-timeout's 600 s (these processes start together, so
+    # on 2 loaded cores their imports alone can take a minute)
+    assert time.time() - t0 < 300
 
 
 @pytest.mark.parametrize("limit", ["a file-size limit", "stdout on a full device"])
