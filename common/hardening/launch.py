@@ -200,5 +200,6 @@ def exit_if_launcher_gone() -> None:
         threading.Timer(2.0, os._exit, (1,)).start()  # in case a finalizer below blocks
         for child in multiprocessing.active_children():  # DataLoader workers, before their semaphores go
             child.kill()
+        time.sleep(0.5)  # a worker the fork server is starting opens its semaphores first (it dies with the server)
         multiprocessing.util._run_finalizers(0)  # unlink the DataLoader's semaphores, as a normal exit does
         os._exit(1)
