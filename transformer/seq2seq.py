@@ -222,8 +222,12 @@ class Transformer(nn.Module):
         x = self.dec_norm(x[:, -1:] if last_only else x)  # generation needs only the newest position's logits
         return F.linear(x, self.embed.weight)  # tied output layer
 
-    def forward(self, src, tgt_in, src_doc=None, tgt_doc=None, dense: bool | None = None):
-        """(B, S), (B, T) -> logits (B, T, V): a padded batch, or packed rows when document ids are given."""
+    def forward(self, src, tgt_in, src_doc=None, tgt_doc=None, dense: bool | None = None, tgt_out=None,
+                label_smoothing: float = 0.0):  # fmt: skip
+        """(B, S), (B, T) -> logits (B, T, V): a padded batch, or packed rows when document ids are given. Given the
+        targets tgt_out: their summed loss, in the forward so that torch.compile fuses it (and a step is one graph)."""
+        if tgt_out is not None:
+            return token_loss(self(src, tgt_in, src_doc, tgt_doc, dense), tgt_out, label_smoothing)
         if src_doc is None:
             src_mask = padding_mask(src)
             return self.decode(tgt_in, self.encode(src, src_mask), src_mask)

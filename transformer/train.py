@@ -27,7 +27,7 @@ import torch.nn as nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # common/ sits beside this folder
 import fsdp
 import text
-from seq2seq import PRESETS, ModelConfig, Transformer, check_size, model_config, token_loss, translate_ids
+from seq2seq import PRESETS, ModelConfig, Transformer, check_size, model_config, translate_ids
 
 from common import hardening  # [hardening] fault survival, one call in main(); a minimal copy deletes these lines
 from common.args import ABOVE_0, AT_LEAST_0, COUNT, FRACTION, POSITIVE, add_shared_args, checked, from_checkpoint
@@ -147,7 +147,7 @@ def lr_at(epoch: int, step: int, args, sampler: text.PackedBatchSampler) -> floa
     return args.lr * (min(step / warmup, (warmup / step) ** 0.5) if warmup else step**-0.5)
 
 
-def train_one_epoch(model, loss_fn, optimizer, scaler, no_sync, batches, step_tokens: list[int], pos: Position,
+def train_one_epoch(model, optimizer, scaler, no_sync, batches, step_tokens: list[int], pos: Position,
                     window: LossWindow, args, info, logger: MetricsLogger, save, end: int, lr_of) -> bool:  # fmt: skip
     """Optimizer steps up to step ``end`` (the epoch's last or --max-steps), their micro-batches taken from ``batches``,
     the run's one iterator. Returns True if the ranks agreed to stop before it (preemption; the loss window open)."""
@@ -163,7 +163,7 @@ def train_one_epoch(model, loss_fn, optimizer, scaler, no_sync, batches, step_to
         # [DDP 3] micro-batches that do not step accumulate locally: no gradient all-reduce until the last one
         with no_sync() if not sync and info.world_size > 1 else contextlib.nullcontext():
             with torch.autocast(info.device.type, dtype, enabled=dtype is not None):
-                loss = loss_fn(model(src, tgt_in, src_doc, tgt_doc), tgt_out)
+                loss = model(src, tgt_in, src_doc, tgt_doc, tgt_out=tgt_out, label_smoothing=args.label_smoothing)
             # DDP averages gradients over ranks; x world_size / tokens makes the step's gradient the mean over every
             # target token of the step, however unevenly the tokens fall on ranks and micro-batches
             scaler.scale(loss * (info.world_size / max(1, step_tokens[i // args.accum_steps]))).backward()
@@ -226,7 +226,7 @@ def evaluate(model, data, tok, args, info, dtype) -> dict:
     pairs = text.padded_batches([src_ids[i] for i in mine], [tgt_ids[i] for i in mine], args.max_tokens, info.device)
     for src, tgt_in, tgt_out in watched(pairs, evaluating=True):
         with torch.autocast(info.device.type, dtype, enabled=dtype is not None):
-            nll = token_loss(model(src, tgt_in).float(), tgt_out)
+            nll = model(src, tgt_in, tgt_out=tgt_out)
         sums += torch.stack([nll.double(), (tgt_out != text.PAD).sum().double()])
     loss, n_tok = all_reduce_sum(sums).tolist()  # [DDP 5]
     ids = translate_ids(model, [src_ids[i] for i in mine], args.max_tokens, args.beam, dtype,
@@ -302,11 +302,9 @@ def main(args: argparse.Namespace) -> None:
         ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                                   gradient_as_bucket_view=True)  # fmt: skip
     no_sync = partial(fsdp.no_sync, model) if args.fsdp else getattr(ddp, "no_sync", None)
-    train_model, loss_fn = ddp, partial(token_loss, label_smoothing=args.label_smoothing)
-    if args.compile:  # one shape for every packed batch: the whole model (block masks included) compiles once.
-        # Compiled with DDP, the graph splits at DDP's gradient buckets, so the all-reduces overlap the backward.
-        train_model = torch.compile(ddp, dynamic=False, mode=args.compile_mode)
-        loss_fn = torch.compile(loss_fn, dynamic=False)
+    # --compile: one shape for every packed batch, so the whole step's forward (block masks and loss included)
+    # compiles once. Compiled with DDP, the graph splits at DDP's buckets: the all-reduces overlap the backward.
+    train_model = torch.compile(ddp, dynamic=False, mode=args.compile_mode) if args.compile else ddp
 
     # ---- optimizer; the LR is set each step by lr_at, a function of the position in training alone
     optimizer = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.98), eps=1e-9,
@@ -355,7 +353,7 @@ def main(args: argparse.Namespace) -> None:
     batches, window, stopped = iter(watched(loader)), LossWindow(info, ckpt.get("window")), False
     for epoch in range(pos.epoch, args.epochs):
         end = min(max_steps, pos.step + sampler.steps_in(epoch) - pos.batch_in_epoch // args.accum_steps)
-        stopped = train_one_epoch(train_model, loss_fn, optimizer, scaler, no_sync, batches, sampler.step_tokens(epoch),
+        stopped = train_one_epoch(train_model, optimizer, scaler, no_sync, batches, sampler.step_tokens(epoch),
                                   pos, window, args, info, logger, save_at, end, lr_of)  # fmt: skip
         if stopped:  # preempted: every rank at this step; the checkpoint holds every rank's part of the open window
             save_at(pos, out / "last.pt", window={"sums": all_reduce_sum(window.sums.clone()), "n": window.n})
