@@ -175,3 +175,34 @@ def test_wandb_missing_is_one_line(tmp_path, monkeypatch, capsys):
         e.value.code == 2
         and err.strip() == "error: --wandb needs the wandb package (pip install wandb), or drop --wandb"
     )
+
+
+def test_two_node_slurm_lines_ask_for_gpus_and_keep_each_recipes_global_batch():
+    """Each workload's Slurm line for 2 nodes of 8 GPUs: its flags parse with the script's own parser, it asks Slurm
+    for the GPUs, and 16 processes keep the recipe's global batch (CIFAR 512 images, ImageNet's modern recipe 2,048,
+    the Multi30k recipe 8,192 tokens, which its packed rows fill: --max-tokens a multiple of --pack-len)."""
+    import importlib.util
+    import shlex
+
+    expect = {"cifar_resnet": 512, "imagenet": 2048, "transformer": 8192}
+    seen = []
+    for doc in ("cifar_resnet/README.md", "scripts/README.md", "transformer/README.md"):
+        text = (REPO / doc).read_text()
+        env = dict(re.findall(r'^([A-Z])="([^"]*)"$', text, re.M))  # the doc's C="..." and A="..."
+        for line in (x for x in text.splitlines() if x.startswith("sbatch -N 2 ")):
+            assert "--gpus-per-node=8" in line, line
+            for name, value in env.items():
+                line = line.replace(f"${name} ", f"{value} ")
+            words = shlex.split(line)
+            script = next(w for w in words if w.endswith("/train.py"))
+            folder = script.split("/")[0]
+            spec = importlib.util.spec_from_file_location(f"docs_{folder}_train", REPO / script)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            args = module.get_args_parser().parse_args(words[words.index(script) + 1 :])
+            if folder == "transformer":
+                assert args.max_tokens % args.pack_len == 0 and 16 * args.max_tokens == expect[folder], line
+            else:
+                assert 16 * args.batch_size * args.accum_steps == expect[folder], line
+            seen.append(folder)
+    assert sorted(set(seen)) == sorted(expect) and seen.count("imagenet") == 2, seen
