@@ -227,7 +227,7 @@ class Transformer(nn.Module):
         """(B, S), (B, T) -> logits (B, T, V): a padded batch, or packed rows when document ids are given. Given the
         targets tgt_out: their summed loss, in the forward so that torch.compile fuses it (and a step is one graph)."""
         if tgt_out is not None:
-            return token_loss(self(src, tgt_in, src_doc, tgt_doc, dense), tgt_out, label_smoothing)
+            return token_loss(self.forward(src, tgt_in, src_doc, tgt_doc, dense), tgt_out, label_smoothing)
         if src_doc is None:
             src_mask = padding_mask(src)
             return self.decode(tgt_in, self.encode(src, src_mask), src_mask)
