@@ -2,15 +2,24 @@
 (the network fetch replaced by a local copy), give what train.py reads."""
 
 import gzip
+import importlib
 import io
 import json
 import re
+import sys
 import tarfile
 from pathlib import Path
 
 import numpy as np
 from conftest import PY, REPO, make_cifar_pickles, make_jpeg_imagefolder, run
 from PIL import Image
+
+
+def train_in_process(monkeypatch, module: str, *argv) -> None:
+    """A train script's entry point in this process, as ``python SCRIPT ARGS`` runs it: what it reads is the point."""
+    mod = importlib.import_module(module)
+    monkeypatch.setattr(sys, "argv", list(map(str, argv)))
+    mod.run_cli(mod.main, mod.get_args_parser().parse_args())
 
 
 def block(doc: str, marker: str, lang: str = "bash") -> str:
@@ -23,7 +32,7 @@ def records(out: Path, split: str) -> list[dict]:
     return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["split"] == split]
 
 
-def test_cifar_jpegs_made_from_torchvision_download(tmp_path):
+def test_cifar_jpegs_made_from_torchvision_download(tmp_path, monkeypatch):
     """The README's snippet on torchvision's pickled batches (the MD5 check aside: the fixture's batches are tiny)
     writes train/<class>/NNNN.jpg and test/ at quality 75, as the recipes' JPEGs; the README's tarball is what
     bench/reproduce.sh extracts; train.py reads it with --val-split."""
@@ -50,12 +59,13 @@ def test_cifar_jpegs_made_from_torchvision_download(tmp_path):
     assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["train"]
 
     out = tmp_path / "out"
-    run([PY, REPO / "cifar_resnet/train.py", "--data-dir", tmp_path / "c", "--val-split", "10", "-a", "resnet20",
-         "-b", "8", "-j", "0", "--epochs", "1", "--max-steps", "2", "--output-dir", out])  # fmt: skip
+    train_in_process(monkeypatch, "cifar_resnet.train", REPO / "cifar_resnet/train.py", "--data-dir", tmp_path / "c",
+                     "--val-split", "10", "-a", "resnet20", "-b", "8", "-j", "0", "--epochs", "1", "--max-steps", "2",
+                     "--output-dir", out)  # fmt: skip
     assert [r["count"] for r in records(out, "val")] == [10]
 
 
-def test_multi30k_fetched_where_the_recipes_read_it(tmp_path):
+def test_multi30k_fetched_where_the_recipes_read_it(tmp_path, monkeypatch):
     """The README's commands with curl answering from a copy of multi30k/dataset's raw files (gzipped, line-aligned):
     the files land in .data/multi30k, which the recipe reads."""
     from text import synthetic_corpus
@@ -80,14 +90,15 @@ def test_multi30k_fetched_where_the_recipes_read_it(tmp_path):
     assert "--data .data/multi30k --lang-src de --lang-tgt en" in (REPO / "transformer/README.md").read_text()
 
     out = tmp_path / "out"
-    run([PY, REPO / "transformer/train.py", "--data", ".data/multi30k", "--lang-src", "de", "--lang-tgt", "en",
-         "--preset", "tiny", "--vocab-size", "200", "--max-tokens", "256", "-j", "0", "--max-steps", "2",
-         "--output-dir", out], cwd=tmp_path)  # fmt: skip
+    monkeypatch.chdir(tmp_path)  # the README's relative path
+    train_in_process(monkeypatch, "transformer.train", REPO / "transformer/train.py", "--data", ".data/multi30k",
+                     "--lang-src", "de", "--lang-tgt", "en", "--preset", "tiny", "--vocab-size", "200", "--max-tokens",
+                     "256", "-j", "0", "--max-steps", "2", "--output-dir", out)  # fmt: skip
     (val,) = records(out, "val")
     assert "bleu" in val and val["count"] == 12
 
 
-def test_imagenet_tars_prepared_as_the_readme_says(tmp_path):
+def test_imagenet_tars_prepared_as_the_readme_says(tmp_path, monkeypatch):
     """ILSVRC2012's layout in miniature: a train tar of one tar per class (n01440764.tar holding
     n01440764_<i>.JPEG), a val tar of flat ILSVRC2012_val_<i>.JPEG files, and a valprep.sh of valprep.sh's form
     (mkdir -p WNID; mv FILE WNID/). The README's commands make train/<wnid>/ and val/<wnid>/, which train.py reads."""
@@ -118,7 +129,7 @@ def test_imagenet_tars_prepared_as_the_readme_says(tmp_path):
         assert all(len(list((data / split / w).glob("*.JPEG"))) == n for w in wnids)
 
     out = tmp_path / "out"
-    run([PY, REPO / "imagenet/train.py", data, "-a", "resnet18", "-b", "2", "-j", "0", "--epochs", "1",
-         "--max-steps", "2", "--train-crop-size", "32", "--val-resize-size", "40", "--val-crop-size", "32",
-         "--output-dir", out])  # fmt: skip
+    train_in_process(monkeypatch, "imagenet.train", REPO / "imagenet/train.py", data, "-a", "resnet18", "-b", "2",
+                     "-j", "0", "--epochs", "1", "--max-steps", "2", "--train-crop-size", "32", "--val-resize-size",
+                     "40", "--val-crop-size", "32", "--output-dir", out)  # fmt: skip
     assert [r["count"] for r in records(out, "val")] == [4]

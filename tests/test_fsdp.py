@@ -38,6 +38,15 @@ def losses(out) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in map(json.loads, (out / "metrics.jsonl").open()) if r["split"] == "train"}
 
 
+def in_process(monkeypatch, module: str, *argv) -> None:
+    """A script's entry point (transformer.train or transformer.translate) in this process, given its argv."""
+    import importlib
+
+    mod = importlib.import_module(module)
+    monkeypatch.setattr(sys, "argv", list(map(str, argv)))
+    mod.run_cli(mod.main, mod.get_args_parser().parse_args())
+
+
 def shards(out, name="last") -> dict:
     """The weights and Adam's state that a checkpoint's shards hold, read back whole in this process."""
     ckpt = torch.load(out / f"{name}.pt", weights_only=True)
@@ -135,19 +144,22 @@ def test_ddp_checkpoint_starts_fsdp_and_translate_reads_best_pt(ddp, fsdp, tmp_p
     best = torch.load(fsdp / "best.pt", weights_only=True)
     whole = shards(fsdp, "best")["model"]
     assert best["model"].keys() == whole.keys() and all(torch.equal(v, whole[k]) for k, v in best["model"].items())
-    lines = run([PY, TRANSLATE, "--checkpoint", fsdp / "best.pt", "suta mine susu", "", "kaka mine"]).stdout
+    # translate.py's and train.py's entry points in this process, as `python SCRIPT ARGS` runs them
+    in_process(monkeypatch, "transformer.translate", TRANSLATE, "--checkpoint", fsdp / "best.pt", "suta mine susu", "",
+               "kaka mine")  # fmt: skip
+    lines = capsys.readouterr().out
     assert len(lines.split("\n")) == 4 and lines.split("\n")[1] == "", lines
-    p = run([PY, TRANSLATE, "--checkpoint", fsdp / "last.pt", "kaka"], check=False)  # no weights in it: one line
-    assert p.returncode == 2 and p.stderr.strip().endswith("whose weights are in shards: give its best.pt"), p.stderr
-    import transformer.train as train
-
-    monkeypatch.setattr(sys, "argv", [TRAIN, *ARGS[1:], "--resume", str(fsdp / "last.pt"), "--output-dir", str(out)])
+    with pytest.raises(SystemExit) as e:  # no weights in it: one line
+        in_process(monkeypatch, "transformer.translate", TRANSLATE, "--checkpoint", fsdp / "last.pt", "kaka")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.strip().endswith("whose weights are in shards: give its best.pt"), err
     with pytest.raises(SystemExit) as e:
-        train.run_cli(train.main, train.get_args_parser().parse_args())
+        in_process(monkeypatch, "transformer.train", *ARGS, "--resume", fsdp / "last.pt", "--output-dir", out)
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and err.startswith("error: ") and "sharded checkpoint of an FSDP run" in err, err
-    two = tmp_path / "two_layers"  # a DDP checkpoint of a deeper model: told by the weights it has in excess
-    torchrun(2, *ARGS, *NO_EVAL, "--layers", "2", "--max-steps", "1", "--output-dir", two)
+    two = tmp_path / "two_layers"  # a checkpoint of a deeper model (1 process): told by the weights it has in excess
+    in_process(monkeypatch, "transformer.train", *ARGS, *NO_EVAL, "--layers", "2", "--max-steps", "1", "--output-dir",
+               two)  # fmt: skip
     p = torchrun(2, *ARGS, *NO_EVAL, "--fsdp", "--resume", two / "last.pt", "--output-dir", tmp_path / "o", check=False)
     want = 'Error(s) in loading state_dict for FSDPTransformer: Unexpected key(s) in state_dict: "encoder.1.'
     assert p.returncode != 0 and "does not fit this model" in p.stderr and want in p.stderr, p.stderr[-3000:]

@@ -179,11 +179,11 @@ def test_resume_with_another_global_batch_keeps_the_epoch_position_and_rescales_
 
 @pytest.mark.parametrize("epochs", [2, 1])
 def test_another_global_batch_at_an_epochs_end(tmp_path, monkeypatch, capsys, epochs):
-    """A checkpoint at an epoch's end (16 steps x 4 images of 64), resumed with -b 2 (as on another world size): with
-    --epochs 2 the second epoch runs whole (32 steps of 2), each epoch evaluated once; at the last epoch's end
+    """A checkpoint at an epoch's end (8 steps x 4 images of 32), resumed with -b 2 (as on another world size): with
+    --epochs 2 the second epoch runs whole (16 steps of 2), each epoch evaluated once; at the last epoch's end
     (--epochs 1) the rerun has nothing to do and changes no file."""
-    args = ["--dummy", "--dummy-sizes", "64", "5", *TINY, "--epochs", str(epochs), "--output-dir", tmp_path]
-    in_process(monkeypatch, *args, "--max-steps", "16")
+    args = ["--dummy", "--dummy-sizes", "32", "5", *TINY, "--epochs", str(epochs), "--output-dir", tmp_path]
+    in_process(monkeypatch, *args, "--max-steps", "8")
     files = {f.name: f.read_bytes() for f in tmp_path.iterdir()}
     in_process(monkeypatch, *args, "-b", "2")
     last = ckpt(tmp_path / "last.pt")
@@ -191,8 +191,8 @@ def test_another_global_batch_at_an_epochs_end(tmp_path, monkeypatch, capsys, ep
         assert "already finished: nothing to do" in capsys.readouterr().out
         assert {f.name: f.read_bytes() for f in tmp_path.iterdir()} == files
     else:
-        assert (last["step"], last["batch_in_epoch"], last["epoch"]) == (48, 0, 2)
-        assert [(r["epoch"], r["step"]) for r in records(tmp_path, "val")] == [(1, 16), (2, 48)]
+        assert (last["step"], last["batch_in_epoch"], last["epoch"]) == (24, 0, 2)
+        assert [(r["epoch"], r["step"]) for r in records(tmp_path, "val")] == [(1, 8), (2, 24)]
 
 
 def test_sigterm_to_the_spawning_parent_checkpoints_and_exits_75(tmp_path):
@@ -304,9 +304,10 @@ def test_start_epoch_starts_the_schedule_there(tmp_path, monkeypatch):
 def test_device_decode_path_trains_and_evaluates_like_the_pillow_path(data, tmp_path, monkeypatch):
     """--gpu-decode (torchvision.io decode + device-side crop/flip/normalize; on CPU here) under torchrun:
     trains, evaluates every val image once, and its val metrics on the same checkpoint match the Pillow
-    path closely (same crops; only the resize kernels differ)."""
+    path closely (same crops; only the resize kernels differ). Files read in the main process (-j 0): the workers'
+    part of the path (reading bytes) is test_gpu_decode.py's."""
     out = tmp_path / "gd"
-    torchrun(2, SCRIPT, str(data), *TINY, "--epochs", "1", "--gpu-decode", "--output-dir", str(out))
+    torchrun(2, SCRIPT, str(data), *TINY, "-j", "0", "--epochs", "1", "--gpu-decode", "--output-dir", str(out))
     assert ckpt(out / "last.pt")["step"] > 0
     (dev,) = records(out, "val")
     assert dev["count"] == N_VAL

@@ -127,7 +127,7 @@ def test_a_users_own_sbatch_script_from_the_docs_requeues(slurm_env, tmp_path, c
     text = (REPO / "scripts" / "README.md").read_text()
     script = text.split("**Preemption in your own sbatch script.**")[1].split("```bash\n")[1].split("```")[0]
     log, out, port = tmp_path / "job.log", tmp_path / "run", 15000 + os.getpid() % 20000
-    cmd = " ".join([PY, *train(out, cifar_dir, 12, "-j", "1", arch="resnet18")])
+    cmd = " ".join([PY, *train(out, cifar_dir, 12, arch="resnet18")])  # -j 0: the workers' part is the test above
     for doc, here in ((" --gpus-per-node=8", ""), ("--nodes=2", "--nodes=1"), ("-per-task=64", "-per-task=2"),
                       ("--nproc-per-node=8", "--nproc-per-node=2"), (":29500", f":{port}"),
                       ("cifar_resnet/train.py --data-dir data/cifar10 -a resnet50 --output-dir runs/r50",

@@ -13,7 +13,6 @@ from conftest import (
     PY,
     REPO,
     assert_same_training_state,
-    run,
     run_records,
     torchrun,
     transformer_corpus,
@@ -419,8 +418,18 @@ def train_in_process(monkeypatch, *args):
     train.run_cli(train.main, train.get_args_parser().parse_args())
 
 
+def translate_in_process(monkeypatch, capsys, *args) -> str:
+    """transformer/translate.py's entry point in this process; returns what it wrote to stdout."""
+    import transformer.translate as translate
+
+    monkeypatch.setattr(sys, "argv", [TRANSLATE, *map(str, args)])
+    capsys.readouterr()
+    translate.run_cli(translate.main, translate.get_args_parser().parse_args())
+    return capsys.readouterr().out
+
+
 @pytest.mark.learning
-def test_tiny_model_learns_synthetic_translation(tmp_path, monkeypatch):
+def test_tiny_model_learns_synthetic_translation(tmp_path, monkeypatch, capsys):
     """Learning the reversal is a sudden drop of the loss whose timing moves with rounding (the CPU's kernels, the
     thread count): many small steps at a high peak LR end the drop well before the last step on every CPU."""
     out = tmp_path / "run"
@@ -433,17 +442,17 @@ def test_tiny_model_learns_synthetic_translation(tmp_path, monkeypatch):
     assert [r["split"] for r in records].count("test") == 1
     # beam search through translate.py on unseen sentences of the same made-up language pair
     src, ref = synthetic_corpus(99, (0, 0, 30))["test"]
-    p = run([PY, TRANSLATE, "--checkpoint", out / "best.pt", "--beam", "3", *src])
+    translated = translate_in_process(monkeypatch, capsys, "--checkpoint", out / "best.pt", "--beam", "3", *src)
     import sacrebleu
 
-    assert sacrebleu.corpus_bleu(p.stdout.splitlines(), [ref]).score >= 90
+    assert sacrebleu.corpus_bleu(translated.splitlines(), [ref]).score >= 90
 
 
 # ------------------------------------------------------------------ DDP end to end (its resume: test_fault.py)
 
 
 @pytest.mark.slow
-def test_ddp_end_to_end_on_local_files(tmp_path_factory):
+def test_ddp_end_to_end_on_local_files(tmp_path_factory, monkeypatch, capsys):
     """A local de->en corpus (.gz and plain files) trained by 2 gloo processes under torchrun to step 18: the
     uninterrupted run that test_fault.py's preempted and restarted runs must equal bit for bit (their resume)."""
     out = transformer_reference(tmp_path_factory)
@@ -459,9 +468,9 @@ def test_ddp_end_to_end_on_local_files(tmp_path_factory):
     assert ckpt["step"] == 18 and ckpt["world_size"] == 2
     assert (out / "tokenizer.json").read_text() == ckpt["tokenizer"]  # the JSON file and the checkpoint agree
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in ckpt["model"])
-    # translate.py: sentences as arguments and on stdin give the same lines, one per input
+    # translate.py: sentences as arguments (its entry point here) and on stdin (a process) give the same lines, one each
     src = synthetic_corpus(1, (400, 30, 21))["test"][0][:4]
-    by_args = run([PY, TRANSLATE, "--checkpoint", out / "last.pt", *src]).stdout.splitlines()
+    by_args = translate_in_process(monkeypatch, capsys, "--checkpoint", out / "last.pt", *src).splitlines()
     p = subprocess.run(
         [PY, TRANSLATE, "--checkpoint", str(out / "last.pt")],
         input="\n".join(src) + "\n",
