@@ -15,7 +15,6 @@ import importlib
 import os
 import pickle
 import re
-import resource
 import shutil
 import signal
 import subprocess
@@ -339,11 +338,14 @@ REAL = [
     ("cifar", CIFAR, ["--output-dir", "{tmp}/int"], {}, "stopped by SIGINT before the first step; nothing to save",
      "SIGINT at start"),  # Ctrl-C, as a preemption
 ]
-# A write that fails once the run is under way (a checkpoint, a log line) or the error line's own: one line and exit 2
+# A write that fails once the run is under way (a checkpoint, a log line) or the error line's own: one line and exit 2.
+# Under the file-size limit (a checkpoint over it: EFBIG) and with stdout on /dev/full, the run resumes a copy of
+# {good} (RESUMED): its last.pt stays as it was, and no temporary file is left.
+RESUMED = ("fsize", "full")
 MID_RUN = [
-    ("cifar", CIFAR, ["--max-steps", "1", "--output-dir", "{tmp}/fsize"], {}, "", "ulimit -f 200"),
+    ("cifar", CIFAR, ["--max-steps", "3", "--output-dir", "{tmp}/fsize"], {}, "a write", "ulimit -f 200"),
     ("cifar", CIFAR, ["--max-steps", "1", "--output-dir", "{mnt}/o"], {}, "", "tmpfs size=300k"),
-    ("cifar", CIFAR, ["--max-steps", "1", "--output-dir", "{tmp}/full"], {}, "", "stdout /dev/full"),
+    ("cifar", CIFAR, ["--max-steps", "3", "--output-dir", "{tmp}/full"], {}, "a write", "stdout /dev/full"),
     ("translate", ["--checkpoint", "{text}", "hallo"], [], {}, "", "stderr /dev/full"),  # only the exit code tells
 ]
 # fmt: on
@@ -616,28 +618,15 @@ def test_bad_launch_in_real_processes(paths, tmp_path):
     assert time.time() - t0 < 300
 
 
-@pytest.mark.parametrize("limit", ["a file-size limit", "stdout on a full device"])
-def test_a_write_that_fails_is_one_line_and_keeps_the_last_checkpoint(paths, tmp_path, limit):
-    """A checkpoint over the file-size limit (RLIMIT_FSIZE, as `ulimit -f`: the write fails with EFBIG), or stdout
-    on /dev/full: one error line, exit 2, last.pt as it was, no temporary file left."""
-    out = tmp_path / "run"
-    shutil.copytree(paths["good"], out)
-    before = sha(out / "last.pt")
-    cmd = [PY, "cifar_resnet/train.py", *CIFAR, "--max-steps", "3", "--output-dir", str(out)]
-    fsize = (lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))) if "limit" in limit else None
-    with open("/dev/full" if "full" in limit else os.devnull, "w") as stdout:
-        p = subprocess.run(cmd, cwd=REPO, stdout=stdout, stderr=subprocess.PIPE, text=True, preexec_fn=fsize,
-                           env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)  # fmt: skip
-    want = "File too large (over the file-size limit" if "limit" in limit else "No space left on device"
-    one_error_line(p.returncode, p.stderr, "a write")
-    assert want in p.stderr and sha(out / "last.pt") == before and not list(out.glob(".*.tmp")), p.stderr
-
-
 @pytest.fixture(scope="module")
-def real_runs(paths, tmp_path_factory) -> list[tuple[int, str, str, str] | str]:
+def real_runs(paths, tmp_path_factory) -> list[tuple[int, str, str, str, tuple | None] | str]:
     """Every case of REAL and MID_RUN at once, each in its process: (exit code, stdout, stderr, what the error line
-    holds), or why it skips."""
+    holds, and for a RESUMED run: its last.pt's hash before and after, the temporary files left), or why it skips."""
     tmp = tmp_path_factory.mktemp("real")
+    before = {}
+    for name in RESUMED:
+        shutil.copytree(paths["good"], tmp / name)
+        before[tmp / name] = sha(tmp / name / "last.pt")
     (tmp / "blank.txt").write_text("\n" * 2000)  # 2000 empty lines, translated to 2000 empty lines: 2 KB to write
     shutil.copy(paths["tr_ok"], tmp / "noread.pt")
     (tmp / "noread.pt").chmod(0)
@@ -680,18 +669,20 @@ def real_runs(paths, tmp_path_factory) -> list[tuple[int, str, str, str] | str]:
             out = Path(argv[argv.index("--output-dir") + 1])
             threads.append(threading.Thread(target=signal_once_started, args=(proc, out, how.split()[0])))
             threads[-1].start()
-        runs.append((proc, b"Gr\xfc\xdfe\n" if how == "stdin latin-1" else b"", fill(want)))
+        resumed = Path(argv[-1]) if Path(argv[-1]) in before else None
+        runs.append((proc, b"Gr\xfc\xdfe\n" if how == "stdin latin-1" else b"", fill(want), resumed))
     results = []
     for run in runs:
         if isinstance(run, str):
             results.append(run)
             continue
-        proc, stdin, want = run
+        proc, stdin, want, resumed = run
         try:
             out, err = ((b or b"").decode(errors="replace") for b in proc.communicate(stdin, timeout=240))
         finally:
             proc.kill()
-        results.append((proc.returncode, out, err, want))
+        kept = resumed and (before[resumed], sha(resumed / "last.pt"), list(resumed.glob(".*.tmp")))
+        results.append((proc.returncode, out, err, want, kept))
     for t in threads:
         t.join()
     return results
@@ -710,11 +701,12 @@ REAL_IDS = [f"{case_id(i, c)}-{c[5]}" for i, c in enumerate([*REAL, *MID_RUN])]
 @pytest.mark.parametrize("i", range(len(REAL) + len(MID_RUN)), ids=REAL_IDS)
 def test_bad_output_limits_and_signals_in_real_processes(i, real_runs):
     """Each ends with one line and no traceback: exit 2 and its error line; Ctrl-C at start-up, the preemption's
-    stop line and exit 75; with stderr unwritable, a failing exit status alone. (SIGTERM while a run starts:
-    test_fault.py's test_preemption_at_any_moment_of_start_up.)"""
+    stop line and exit 75; with stderr unwritable, a failing exit status alone. A checkpoint over the file-size limit
+    (the write fails with EFBIG) or stdout on /dev/full, in a resumed run: last.pt as it was, no temporary file left.
+    (SIGTERM while a run starts: test_fault.py's test_preemption_at_any_moment_of_start_up.)"""
     if isinstance(real_runs[i], str):
         pytest.skip(real_runs[i])
-    code, out, err, want = real_runs[i]
+    code, out, err, want, kept = real_runs[i]
     how = [*REAL, *MID_RUN][i][5]
     if how == "stderr /dev/full":  # no line can tell: the exit status alone, and no output
         assert code not in (0, -signal.SIGKILL) and not out, (code, out)
@@ -722,6 +714,10 @@ def test_bad_output_limits_and_signals_in_real_processes(i, real_runs):
         assert code == 75 and want in out and "Traceback" not in err, (code, out, err)
     else:
         one_error_line(code, err, want)
+    if kept is not None:
+        reason = "File too large (over the file-size limit" if how.startswith("ulimit") else "No space left on device"
+        before, after, left = kept
+        assert reason in err and after == before and not left, (err[-3000:], left)
 
 
 def test_the_table_covers_every_entry_point():

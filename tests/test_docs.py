@@ -85,8 +85,8 @@ def make_it_yours(doc: str) -> list[str]:
 def test_copy_as_template_runs_unchanged(tmp_path, doc):
     """Each workload README's copy instruction, run as written (the copy lands in tmp_path): the copy runs with nothing
     of this repo on the path, under another folder name, and the fork server it starts for DataLoader workers
-    imports its preloaded modules there. ImageNet's runs --gpu-decode, whose CPU fallback needs every file of the
-    folder."""
+    imports its preloaded modules there (checked in the CIFAR copy: its common/ is the ImageNet copy's). ImageNet's
+    runs --gpu-decode, whose CPU fallback needs every file of the folder."""
     folder, proj = doc.split("/")[0], tmp_path / "my_project"
     copy, go = make_it_yours(doc)
     assert go.startswith("cd ../my_project && "), go
@@ -101,6 +101,8 @@ def test_copy_as_template_runs_unchanged(tmp_path, doc):
     p = run(["bash", "-c", go], cwd=proj)
     assert torch.load(proj / "out/last.pt", weights_only=True)["step"] > 0
     assert folder == "cifar_resnet" or "gpu-decode decoded (rank 0): cpu 12" in p.stdout, p.stdout
+    if folder == "imagenet":
+        return  # the check below depends on common/ and the copy's layout alone, the same in both copies
     check = "import importlib, torch, multiprocessing.forkserver as f; from common.hardening.workers import loader_args"
     check += "; loader_args(); [importlib.import_module(m) for m in f._forkserver._preload_modules]; print('ok')"
     assert run([PY, "-c", check], cwd=proj).stdout.strip().endswith("ok")
