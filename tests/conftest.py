@@ -315,8 +315,8 @@ def cifar_loader_cmd(data, out, *extra) -> list[str]:
 
 
 def cifar_loader_reference(tmp_path_factory) -> Path:
-    """The output dir of the uninterrupted torchrun run of cifar_loader_cmd, which test_chaos.py's resumed and
-    faulted run compares with."""
+    """The output dir of the uninterrupted torchrun run of cifar_loader_cmd, which test_cifar.py's resume test and
+    test_chaos.py compare with."""
     data = cifar_data(tmp_path_factory)
     return shared(tmp_path_factory, "cifar_loader_reference", lambda d: torchrun(2, *cifar_loader_cmd(data, d)))
 

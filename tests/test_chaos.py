@@ -1,6 +1,6 @@
 """Chaos: a fixed schedule of faults thrown at one 2-process CIFAR run (ResNet-20, a DataLoader worker per rank), each
-followed by the same command again, after a --max-steps stop and two preemptions. The end equals an uninterrupted run
-bit for bit, and so does metrics.jsonl. bench/chaos.py throws random faults of the same kinds at all three scripts."""
+followed by the same command again. The end equals an uninterrupted run bit for bit, and so does metrics.jsonl.
+bench/chaos.py throws random faults of the same kinds at all three scripts."""
 
 import os
 import signal
@@ -9,7 +9,6 @@ import time
 
 import torch
 
-from common.hardening.checks import claim_output_dir, release_locks
 from tests.conftest import (
     PY,
     REPO,
@@ -19,9 +18,7 @@ from tests.conftest import (
     cifar_loader_reference,
     descendants_with_rank,
     popen,
-    preempt,
     run_records,
-    torchrun,
     torchrun_cmd,
     wait_for_step,
 )
@@ -91,34 +88,11 @@ def test_a_schedule_of_faults_ends_as_an_uninterrupted_run(tmp_path, tmp_path_fa
     after the rerun); SIGKILL of the torchrun agent (the ranks exit by themselves); SIGTERM of the agent (the ranks
     save and exit 75); SIGTERM of the agent 1.5 s after the ranks appear (they start: nothing new to save); SIGSTOP
     then SIGCONT of rank 1 (the run finishes). Each fault but the start-up one follows a new checkpoint, so every
-    rerun resumes mid-run. (A rerun of a finished run: test_cifar.py::test_final_evaluation_happens_once.)
-
-    The agent's SIGKILL is also the test that ranks exit with their killed agent: torchrun starts them in sessions
-    of their own, so the kill reaches none of them; each sees its launcher gone and exits within a second or two
-    with one line, its DataLoader worker with it (the pipe of the job's output closes), and the output directory
-    is free for the next job. The agent's SIGTERM is also the test of preemption with DataLoader workers under
-    torchrun: the agent forwards it to each rank's whole process group (os.killpg), worker and fork server
-    included; the workers ignore it, so the ranks stop at a step boundary, save and exit 75, and torchrun itself
-    exits 1 (its SignalException). (The same through a process group without torchrun: test_fault.py.)
-
-    Before the faults, the run is test_cifar.py's mid-epoch resume on the DataLoader path: stopped by --max-steps 3
-    (mid-epoch 1), then the same command preempted twice, SIGUSR2 (Slurm's --signal) then SIGTERM to a worker
-    (every rank stops at the same step, rank 0 saves, exit 75), each inside a loss window (logged every 3 steps):
-    every rank's part of it travels in last.pt. Those legs load in the main process (-j 0), the uninterrupted run
-    and the faults' legs with a worker per rank: a resume is exact with another worker count too."""
+    rerun resumes mid-run. (A rerun of a finished run: test_cifar.py::test_final_evaluation_happens_once.)"""
     data, out = cifar_data(tmp_path_factory), tmp_path / "run"
     ref = cifar_loader_reference(tmp_path_factory)
-    in_main = lambda *extra: cifar_loader_cmd(data, out, "-j", "0", *extra)  # noqa: E731
-    torchrun(2, *in_main("--max-steps", "3"))
-    mid = torch.load(out / "last.pt", weights_only=True)
-    assert mid["batch_in_epoch"] == 3 and mid["epoch"] == 0
-    step = 3
-    for sig in (signal.SIGUSR2, signal.SIGTERM):
-        stopped, log = preempt(in_main(), out, at=step + 1, target="worker", sig=sig)
-        assert f"step {step}, batch {step % 5} of" in log and step < stopped < 60
-        step = stopped
     cmd = torchrun_cmd(2, *cifar_loader_cmd(data, out))
-    left = []
+    step, left = 0, []
     faults = (
         "kill rank 1",
         "kill rank 0 mid-write",
@@ -155,42 +129,22 @@ def test_a_schedule_of_faults_ends_as_an_uninterrupted_run(tmp_path, tmp_path_fa
             os.kill(ranks[1], signal.SIGCONT)
         thrown = time.time()
         log = communicate(proc, 300, fault)  # the last leg trains to the end
-        ended = time.time()
         while any(map(alive, ranks)):  # no rank outlives its agent
             assert time.time() < thrown + 20, f"{fault}: ranks still running after the agent ended"
             time.sleep(0.1)
         # The job ends within seconds, not at the agent's SIGKILL 30 s later (a failed rank's DataLoader workers,
         # which ignore SIGTERM, must not hold its exit).
         assert fault == "stop rank 1" or time.time() < thrown + 20, (fault, log[-3000:])
+        if fault == "term agent":
+            assert "rerun the same command to continue (exit 75)" in log, log[-3000:]
         assert "[rank" not in log, (fault, log[-3000:])  # no traceback from a rank
         assert (proc.returncode == 0) == (fault == "stop rank 1"), (fault, proc.returncode, log[-3000:])
         step = torch.load(out / "last.pt", weights_only=True)["step"]
-        if fault == "kill agent":  # its output closes once every process holding it is gone
-            assert ended < thrown + 10, log[-3000:]
-            for rank in (0, 1):
-                line = f"error: rank {rank}: its launcher torchrun (pid {proc.pid}) is gone, so it exits too"
-                assert line in log, log[-3000:]
-            assert "Traceback" not in log and "done:" not in log, log[-3000:]
-            claim_output_dir(out, is_main=True)  # the output dir is free: its lock died with rank 0
-            release_locks()
-        if fault == "term agent":
-            assert "rerun the same command to continue (exit 75)" in log, log[-3000:]
-            assert f"stopped by SIGTERM at step {step}; checkpoint saved" in log, log[-3000:]
-            assert "SignalException" in log and "exited unexpectedly" not in log, log[-3000:]  # torchrun exits 1
     a, b = (torch.load(d / "last.pt", weights_only=True) for d in (ref, out))
-    # weights, SGD's momentum buffers, the position (less the record of the evaluation at --max-steps 3)
-    assert_same_training_state(a, {**b, "log_lines": b["log_lines"] - 1})
+    assert_same_training_state(a, b)
     assert a["batch_in_epoch"] == b["batch_in_epoch"] and a["step"] == 60
     assert all(torch.equal(v, b["ema"][k]) for k, v in a["ema"].items())
-    assert not torch.equal(a["ema"]["fc.weight"], a["model"]["fc.weight"])  # the average lags the weights
-    assert not torch.equal(mid["model"]["fc.weight"], a["model"]["fc.weight"])  # not vacuous: it trained on
-    # each step and evaluation once, the same values (the run also evaluated at its --max-steps 3)
-    rec_ref, rec = run_records(ref), run_records(out)
-    # logged every 3 steps, at every checkpoint (every 2) and at every epoch's end (every 5)
-    assert [r["step"] for r in rec_ref if r["split"] == "train"] == [
-        s for s in range(1, 61) if 0 in (s % 2, s % 3, s % 5)
-    ]
-    assert rec_ref == [r for r in rec if (r["split"], r["step"]) != ("test", 3)]
+    assert run_records(out) == run_records(ref)  # each step and evaluation once, the same values
 
 
 RANK_DIES_WHILE_A_WORKER_STARTS = """

@@ -6,7 +6,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from signal import SIGTERM
+from signal import SIGTERM, SIGUSR2
 
 import pytest
 import torch
@@ -19,6 +19,7 @@ from common.utils import EMA  # noqa: E402
 from tests.conftest import (
     assert_same_training_state,
     cifar_data,
+    cifar_loader_reference,
     cifar_resume_cmd,
     make_cifar_pickles,
     make_jpeg_imagefolder,
@@ -128,27 +129,37 @@ def test_final_evaluation_happens_once(tmp_path, tmp_path_factory, monkeypatch):
     assert {f.name: f.read_bytes() for f in a.iterdir()} == files
 
 
-def test_resume_mid_epoch_is_bit_identical(tmp_path, tmp_path_factory):
+@pytest.mark.parametrize("data_path", ["loader", "gpu-data"])
+def test_resume_mid_epoch_is_bit_identical(tmp_path, tmp_path_factory, data_path):
     """Uninterrupted 12 epochs (60 steps) == stop at step 3 (mid-epoch 1) + the same command again, stopped after its
-    next checkpoint, + ... + the same command to the end, on the --gpu-data path: preempted by SIGTERM to torchrun,
-    which forwards it, then continued under torchrun --max-restarts=1: a worker SIGKILLed after the next checkpoint,
-    the group restarts from last.pt and finishes. (The DataLoader path, preempted by SIGUSR2 and SIGTERM to a worker,
-    with another worker count than its uninterrupted run: test_chaos.py, before its faults.)"""
+    next checkpoint, + ... + the same command to the end. The DataLoader path is preempted twice: SIGUSR2 (Slurm's
+    --signal), then SIGTERM, to a worker (every rank stops at the same step, rank 0 saves, exit 75). The --gpu-data
+    path is preempted by SIGTERM to torchrun, which forwards it, then continues under torchrun --max-restarts=1: a
+    worker SIGKILLed after the next checkpoint, the group restarts from last.pt and finishes."""
     data = cifar_data(tmp_path_factory)  # 40 images / 2 ranks / 4 = 5 steps per epoch
+    gpu = data_path == "gpu-data"
+    # Uninterrupted; on the DataLoader path with a worker per rank, while the interrupted legs load in the main process
+    # (-j 0): a resume must be exact with another worker count too.
     # Preempted inside a loss window (logged every 3 steps): every rank's part of it travels in last.pt.
-    torchrun(2, *cifar_resume_cmd(data, tmp_path / "a", "-p", "3"))
-    cmd = lambda o, *extra: cifar_resume_cmd(data, o, "-p", "3", *extra)  # noqa: E731
+    if gpu:
+        torchrun(2, *cifar_resume_cmd(data, tmp_path / "a", "-p", "3", gpu_data=gpu))
+    else:  # shared with test_chaos.py
+        shutil.copytree(cifar_loader_reference(tmp_path_factory), tmp_path / "a")
+    cmd = lambda o, *extra: cifar_resume_cmd(data, o, *([] if gpu else ["-j", "0"]), "-p", "3", *extra, gpu_data=gpu)  # noqa: E731
     out = tmp_path / "b"
     torchrun(2, *cmd(out, "--max-steps", "3"))
     mid = torch.load(out / "last.pt", weights_only=True)
     assert mid["batch_in_epoch"] == 3 and mid["epoch"] == 0
     resumed_at = 3
-    stopped, log = preempt(cmd(out), out, at=resumed_at + 1, target="launcher", sig=SIGTERM)
-    assert f"step {resumed_at}, batch {resumed_at % 5} of" in log and resumed_at < stopped < 60
-    resumed_at = stopped
-    # the restart resumes from the checkpoint the kill followed, or from the final save if it came after it
-    resumed = restart_after_sigkill(cmd(out), out, at=resumed_at + 1)
-    assert len(resumed) == 2 and resumed[0] == resumed_at < resumed[1] <= 60, resumed
+    for target, sig in [("launcher", SIGTERM)] if gpu else [("worker", SIGUSR2), ("worker", SIGTERM)]:
+        stopped, log = preempt(cmd(out), out, at=resumed_at + 1, target=target, sig=sig)
+        assert f"step {resumed_at}, batch {resumed_at % 5} of" in log and resumed_at < stopped < 60
+        resumed_at = stopped
+    if gpu:  # the restart resumes from the checkpoint the kill followed, or from the final save if it came after it
+        resumed = restart_after_sigkill(cmd(out), out, at=resumed_at + 1)
+        assert len(resumed) == 2 and resumed[0] == resumed_at < resumed[1] <= 60, resumed
+    else:
+        assert f"step {resumed_at}, batch {resumed_at % 5} of" in torchrun(2, *cmd(out)).stdout
     a, b = (torch.load(tmp_path / f"{x}/last.pt", weights_only=True) for x in "ab")
     assert a["step"] == b["step"] == 60
     for k, v in [*a["model"].items(), *(("ema." + k, v) for k, v in a["ema"].items())]:

@@ -7,12 +7,12 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
+from common.hardening.checks import claim_output_dir, release_locks
 from tests.conftest import (
     PY,
     REPO,
@@ -137,29 +137,30 @@ def test_preemption_and_elastic_restart_other_scripts(name, other_reference, tmp
 # ------------------------------------------------------------------ preemption with DataLoader workers
 
 
-def test_preemption_with_dataloader_workers(data, tmp_path, monkeypatch, capsys):
-    """SIGTERM reaches a rank's DataLoader worker and its fork server too, as timeout(1) or a shell signals a whole
-    process group (here: one process, -j 1, in a session of its own), and as Slurm signals every process of a step.
-    The workers ignore it, so the rank stops at a step boundary, saves, and exits 75. The rerun continues from the
-    step it stopped at (in this process, its data in the main process: a resume is exact with another worker count,
-    test_cifar.py's resume test). Through torchrun, whose agent forwards the signal to each rank's whole process
-    group (os.killpg): test_chaos.py's SIGTERM of the agent."""
+@pytest.mark.parametrize("launcher", ["torchrun", "process-group"])
+def test_preemption_with_dataloader_workers(data, tmp_path, launcher):
+    """SIGTERM reaches a rank's DataLoader worker and its fork server too: torchrun's agent forwards it to each
+    rank's whole process group (os.killpg), as Slurm signals every process of a step, and timeout(1) or a shell
+    signals a whole process group (here: one process, -j 1, in a session of its own). The workers ignore it, so
+    the ranks stop at a step boundary, save, and exit 75; torchrun itself exits 1 (its SignalException). The rerun
+    continues from the step they stopped at."""
     out = tmp_path / "run"
     cmd = train_cmd(data, out, gpu_data=False)  # -j 1
-    proc = popen([PY, *cmd], start_new_session=True)
-    wait_for_step(out, 2, proc)
-    os.killpg(proc.pid, signal.SIGTERM)
-    log, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 75, log[-3000:]
-    stopped = torch.load(out / "last.pt", weights_only=True)["step"]
+    if launcher == "torchrun":
+        stopped, log = preempt(cmd, out, at=2, target="launcher")
+        assert "SignalException" in log  # torchrun's own exit, code 1 (see preempt)
+    else:
+        proc = popen([PY, *cmd], start_new_session=True)
+        wait_for_step(out, 2, proc)
+        os.killpg(proc.pid, signal.SIGTERM)
+        log, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 75, log[-3000:]
+        stopped = torch.load(out / "last.pt", weights_only=True)["step"]
     assert f"stopped by SIGTERM at step {stopped}; checkpoint saved" in log, log[-3000:]
     assert "exited unexpectedly" not in log and "[rank" not in log.replace("[rank0]:[W", ""), log[-3000:]
-    import cifar_resnet.train as train
-
-    monkeypatch.setattr(sys, "argv", [*cmd, "-j", "0", "--max-steps", str(stopped + 1)])
-    train.run_cli(train.main, train.get_args_parser().parse_args())
-    rerun = capsys.readouterr().out
-    assert re.search(rf"resumed from .*: epoch \d+, step {stopped},", rerun), rerun[-3000:]
+    if launcher == "process-group":  # a rerun continues (after torchrun too: test_cifar.py's resume test)
+        rerun = run([PY, *cmd, "--max-steps", str(stopped + 1)]).stdout
+        assert re.search(rf"resumed from .*: epoch \d+, step {stopped},", rerun), rerun[-3000:]
 
 
 @pytest.mark.parametrize("moment", ["0.3 s after the ranks appear", "the start line", "the first step"])
@@ -168,7 +169,7 @@ def test_preemption_at_any_moment_of_start_up(data, tmp_path, moment):
     interpreter importing torch), the signal's default action ends a rank, and nothing is lost; from then on, its
     handler ends it with the stop line and exit 75: at once before training asks for its first batch ("nothing to
     save"), else at the next step boundary, with a checkpoint. DataLoader workers start meanwhile (-j 1); no
-    traceback from a rank. The same command then runs to the end (loading in the main process)."""
+    traceback from a rank. The same command then runs to the end."""
     out = tmp_path / "run"
     cmd = train_cmd(data, out, "--epochs", "2", gpu_data=False)
     proc = popen(torchrun_cmd(2, *cmd))
@@ -196,12 +197,30 @@ def test_preemption_at_any_moment_of_start_up(data, tmp_path, moment):
             ["stopped by SIGTERM before the first step; nothing to save, rerun the same command to continue (exit 75)"],
         )
     if moment == "the first step":  # the same command continues, as after any other moment
-        # its data in the main process: what counts here is the resume, exact with any worker count (test_chaos.py)
-        assert "done: step 10" in run(torchrun_cmd(2, *cmd, "-j", "0"), timeout=300).stdout
+        assert "done: step 10" in run(torchrun_cmd(2, *cmd), timeout=300).stdout
 
 
 # ------------------------------------------------------------------ one job per output dir, ranks never outlive it
-# (SIGKILL of the agent of a running job: test_chaos.py)
+
+
+def test_ranks_exit_with_their_killed_agent(data, tmp_path):
+    """torchrun starts its ranks in sessions of their own: SIGKILL of the agent reaches none of them. Each rank sees
+    its launcher gone and exits within a second or two with one line, its DataLoader worker with it (the pipe of the
+    job's output closes), and the output directory is free for the next job."""
+    out = tmp_path / "run"
+    cmd = train_cmd(data, out, gpu_data=False)  # -j 1
+    proc = popen(torchrun_cmd(2, *cmd))
+    wait_for_step(out, 2, proc)
+    os.kill(proc.pid, signal.SIGKILL)
+    t0 = time.time()
+    log, _ = proc.communicate(timeout=60)  # returns once every process holding its output is gone
+    assert time.time() - t0 < 10, log[-3000:]
+    for rank in (0, 1):
+        line = f"error: rank {rank}: its launcher torchrun (pid {proc.pid}) is gone, so it exits too"
+        assert line in log, log[-3000:]
+    assert "Traceback" not in log and "done:" not in log, log[-3000:]
+    claim_output_dir(out, is_main=True)  # the output dir is free: its lock died with rank 0
+    release_locks()
 
 
 def marked(marker: str) -> list[int]:
@@ -221,8 +240,8 @@ def test_ranks_that_start_after_their_agent_died_exit_too(data, tmp_path, delay)
     """The agent SIGKILLed 0.3 or 2.5 s after its ranks appear, while they import torch, build the data or wait
     for the rendezvous (the default --dist-timeout, 600 s): every rank and DataLoader worker is gone within 30 s,
     whether it saw its launcher die or only found itself an orphan of init."""
-    marker = f"AGENT_KILL_TEST={tmp_path}"  # the whole path: another pytest session's test has the same name
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "AGENT_KILL_TEST": str(tmp_path)}
+    marker = f"AGENT_KILL_TEST={tmp_path.name}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "AGENT_KILL_TEST": tmp_path.name}
     proc = subprocess.Popen(torchrun_cmd(2, *train_cmd(data, tmp_path / "run", gpu_data=False)), cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
