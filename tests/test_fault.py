@@ -87,8 +87,9 @@ def test_dead_or_stuck_peer_never_hangs_the_survivor(data, tmp_path, sig):
 
 def other_script_cmd(name, tmp_path_factory, out):
     if name == "imagenet":
-        # a small model with dropout: the resume restores its random stream too
-        return ["imagenet/train.py", "--dummy", "--dummy-sizes", "56", "7", "-a", "mobilenet_v3_small", "-b", "4",
+        # a small model with dropout (the resume restores its random stream too); 14 steps an epoch, so that a signal
+        # sent once step 4 is saved lands well before the run ends, on a loaded host too
+        return ["imagenet/train.py", "--dummy", "--dummy-sizes", "112", "7", "-a", "mobilenet_v3_small", "-b", "4",
                 "-j", "0", "--train-crop-size", "32", "--val-crop-size", "32", "--val-resize-size", "36",
                 "--epochs", "2", "--save-every-steps", "2", "-p", "1", "--seed", "5",
                 "--output-dir", str(out)]  # fmt: skip
