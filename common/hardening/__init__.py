@@ -29,7 +29,7 @@ def enable(args: argparse.Namespace, check: Callable[[argparse.Namespace], None]
     how = enable_launch(args, how, Path(args.output_dir))
     dog = watchdog.Watchdog(args.stall_timeout, how.rank)
     SEAMS.batches, SEAMS.stop = functools.partial(stop.batches, dog.batches), stop.stop
-    SEAMS.loader, SEAMS.explain = workers.loader_args, checks.explain
+    SEAMS.loader, SEAMS.explain = workers.loader_args, lambda e: launch.exit_if_launcher_gone() or checks.explain(e)
     SEAMS.at_cleanup[:0] = [dog.stop, checks.release_locks]
 
 
