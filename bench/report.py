@@ -96,7 +96,7 @@ def figures() -> list[tuple]:
     cb = {k: row("cifar_script_bare_1xh200.json", w) for k, w in (("bare", "bare step resnet18, b 512, bf16+cl+compile, resident data"),
           ("script", "cifar_resnet/train.py resnet18 --gpu-data"), ("graphs", "cifar_resnet/train.py resnet18 --gpu-data, CUDA graphs"),
           ("loader", "cifar_resnet/train.py resnet18 DataLoader (Pillow)"))}
-    trn, trs, pk = "tr_base_m8_script_bare_1xh100.json", "tr_small_script_cudagraphs_bare_1xh100.json", "transformer_base_packed_bare_1xh100.json"
+    trn, trs, pk = "tr_base_m8_script_bare_1xh200.json", "tr_small_script_cudagraphs_bare_1xh200.json", "transformer_base_packed_bare_1xh100.json"
     pks = "bare step base, packed 64x1024 rows, 63775 real target tokens, bf16, compile, "
     unpacked = "bare step base, 65536 tokens as 2730x24, bf16, compile, model and loss compiled together"
     sms, sm_eager = "transformer/train.py small, 8192 tok/GPU, 1 GPU(s), bf16", "transformer_small_unpacked_script_eager_1xh100.json"
@@ -152,8 +152,8 @@ def figures() -> list[tuple]:
         (B, "**{:,.0f}** ({:.0f}× the baseline, **{:.1f}%** of the bare step) | {:.1f}%", tr_c1, tr_c1 / tr_loop, 100 * tr_c1 / tr_bare, mfu(trn, tr_script)),
         *[(B, "| {:,.0f} | {:.1f}% | {:.0f} s |", *bare(x, pks + w)) for x, w in ((trn, "model and loss compiled together"), (pk, "model and loss compiled together"), (pk, "each layer and the loss compiled apart"))],
         (B, "| {:,.0f} | {:.1f}% | — |", row(pk, unpacked, "tok_per_s"), mfu(pk, unpacked)), (B, "| {:,.0f} | {:.1f}% | — |", sm_pad, mfu(sm_eager, sms)),
-        (B, "| {:,.0f} ({:.1f}× the padded eager script) | {:.1f}%", sm_c, sm_c / sm_pad, mfu(trs, sms + ", compile")),
-        (B, "**{:,.0f}** ({:.1f}× the padded eager script, {:.0f}% of the bare step) | {:.1f}%", sm_g, sm_g / sm_pad, 100 * sm_g / sm_bare, mfu(trs, sms + ", compile, CUDA graphs")),
+        (B, "| {:,.0f} | {:.1f}%", sm_c, mfu(trs, sms + ", compile")),
+        (B, "**{:,.0f}** (**{:.0f}%** of the bare step) | {:.1f}%", sm_g, 100 * sm_g / sm_bare, mfu(trs, sms + ", compile, CUDA graphs")),
         (B, "| {:,.0f} | {:.1f}% | {:.0f} s |", *bare(trs, smb)), (B, "fills {:.1f}%.", grab(trl, r"small \(19.9M params\) on 29000 pairs [^\n]*per step, ([\d.]+)% of them real")),
         (B, "{:.1f}% of the script's `base` positions hold real tokens, as in the bare step ({:.1f}%)", grab(trl, r"on 232000 pairs [^\n]*per step, ([\d.]+)% of them real"), 100 * 63775 / 65536),
         (B, "takes {:.1f} ms (8 rows", 1e3 * 8080 / sm_bare), (B, "trains at {:,.0f} tokens/s.", sm_c), (B, "replays them: {:.1f}× faster", sm_g / sm_c),

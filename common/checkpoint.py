@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import torch
+from torch.utils._pytree import tree_map_only  # what torch.distributed.checkpoint maps state dicts with
 
 from common.distributed import print0
 from common.errors import UserError
@@ -68,27 +69,30 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike, keep_last: i
 
 
 class CheckpointWriter:
-    """``save_checkpoint`` on a thread, one at a time; ``save`` waits for a host copy, a failure raises in ``wait``."""
+    """``save_checkpoint`` on a thread, one at a time; a failure raises in ``wait``. The tensors go to host buffers
+    kept from save to save, pinned for a GPU's: the copies queue behind the steps, and the thread waits for them."""
 
     def __init__(self) -> None:
-        self.pool, self.pending = ThreadPoolExecutor(1, "checkpoint"), None  # its thread ends with the interpreter
+        self.pool, self.pending, self.buffers = ThreadPoolExecutor(1, "checkpoint"), None, {}  # thread ends with Python
 
     def save(self, state: dict[str, Any], path: str | os.PathLike, keep_last: int = 0) -> None:
-        self.wait()
-        self.pending = self.pool.submit(save_checkpoint, _to_host(state), path, keep_last)
+        self.wait()  # the last write is done: its buffers are free
+        self.n = 0  # the state's tensors in order: the n-th's buffer serves each save's n-th
+        state = tree_map_only(torch.Tensor, self._to_host, state)
+        if torch.cuda.is_initialized():  # the thread first waits for the copies
+            self.pool.submit(torch.cuda.current_stream().record_event().synchronize)
+        self.pending = self.pool.submit(save_checkpoint, state, path, keep_last)
 
     def wait(self) -> None:
         pending, self.pending = self.pending, None
         if pending is not None:
             pending.result()
 
-
-def _to_host(obj: Any) -> Any:  # a copy in host memory of every tensor in dicts, lists and tuples
-    if isinstance(obj, (dict, list, tuple)):
-        items = obj.items() if isinstance(obj, dict) else enumerate(obj)
-        copied = {k: _to_host(v) for k, v in items}
-        return copied if isinstance(obj, dict) else type(obj)(copied.values())
-    return obj.detach().to("cpu", copy=True) if isinstance(obj, torch.Tensor) else obj
+    def _to_host(self, t: torch.Tensor) -> torch.Tensor:
+        key, self.n = (self.n, t.shape, t.stride(), t.dtype), self.n + 1
+        if key not in self.buffers:
+            self.buffers[key] = torch.empty_like(t, device="cpu", pin_memory=t.is_cuda)
+        return self.buffers[key].copy_(t.detach(), non_blocking=True)
 
 
 def load_model_state(model: torch.nn.Module, state_dict: dict[str, Any], path: str | os.PathLike) -> None:

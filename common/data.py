@@ -15,9 +15,8 @@ class ResumableDistributedSampler(Sampler):
     """DistributedSampler (shuffle, drop_last), epoch e's order a function of (seed, e); ``set_epoch(e, skip=k)``."""
 
     def __init__(self, num_samples: int, rank: int = 0, world_size: int = 1, seed: int = 0):
-        self.n, self.rank, self.world, self.seed = num_samples, rank, world_size, seed
+        self.n, self.rank, self.world, self.seed, self.epoch, self.skip = num_samples, rank, world_size, seed, 0, 0
         self.per_rank = num_samples // world_size  # drop the tail so ranks stay equal
-        self.epoch, self.skip = 0, 0
 
     def set_epoch(self, epoch: int, skip: int = 0) -> None:  # skip: this rank's samples already done
         self.epoch, self.skip = epoch, skip
@@ -40,10 +39,9 @@ class SeededDataset(Dataset):
         self.dataset, self.seed = dataset, seed
 
     def __getitem__(self, key: tuple[int, int]) -> Any:
-        epoch, i = key
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(mix_seed(self.seed, epoch, i))
-            return self.dataset[i]
+            torch.manual_seed(mix_seed(self.seed, *key))
+            return self.dataset[key[1]]
 
 
 def loader_kwargs(workers: int, seed: int, rank: int, device: torch.device) -> dict[str, Any]:

@@ -55,8 +55,7 @@ def detect_launcher(env: Mapping[str, str], args: argparse.Namespace) -> DistInf
                 url = f"tcp://{env.get('MASTER_ADDR') or host}:{env.get('MASTER_PORT') or port}"
             local_rank = int(env.get(local, args.local_rank or 0))
             return DistInfo(int(env[rank]), local_rank, int(env[size]), launcher=name, init_method=url)
-    if args.dist_url and args.world_size > 1:  # pytorch/examples: --dist-url tcp://HOST:PORT --world-size N --rank R
-        url = args.dist_url
+    if (url := args.dist_url) and args.world_size > 1:  # pytorch/examples: --dist-url tcp://H:P --world-size N --rank R
         return DistInfo(args.rank, args.local_rank or 0, args.world_size, launcher="dist-url", init_method=url)
     return DistInfo(local_rank=args.local_rank or 0)
 

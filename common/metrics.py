@@ -74,8 +74,7 @@ class LossWindow:
         self.sum = self.sums[self.rank]  # this rank's entry, a view: ``sum +=`` adds in place, one kernel
         self.reset()
         if saved and len(saved["sums"]) == info.world_size:  # another world size starts a new window
-            self.sums[self.rank] = saved["sums"][self.rank]
-            self.n = saved["n"]
+            self.sums[self.rank], self.n = saved["sums"][self.rank], saved["n"]
 
     def reset(self) -> None:
         self.sums.zero_()

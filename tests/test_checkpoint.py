@@ -48,21 +48,25 @@ def test_round_trip_is_exact_and_weights_only(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))  # no temp files left behind
 
 
-def test_background_writer_saves_the_state_as_it_was_when_asked(tmp_path):
-    """Training changes the weights in place right after save(): the file must hold the state of the save() call."""
-    w = torch.zeros(4_000_000)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU"))])  # fmt: skip
+def test_background_writer_saves_the_state_as_it_was_when_asked(tmp_path, device):
+    """Training changes the weights in place right after save(): the file must hold the state of the save() call.
+    On a GPU the copies queue behind a long kernel: the writer must wait for them, not write its buffers as found."""
+    w = torch.full((4_000_000,), 7.0, device=device)
     state = {"model": {"w": w}, "optimizer": {"state": {0: {"m": w[:5]}}, "param_groups": [{"lr": 0.1}]}, "step": 3}
     writer = CheckpointWriter()
-    writer.save(state, tmp_path / "last.pt", keep_last=2)
-    w.add_(1.0)  # the next optimizer step, while the file is being written
-    state["step"] = 4
-    writer.save(state, tmp_path / "last.pt", keep_last=2)  # waits for the first write
-    w.add_(1.0)
+    for step in (3, 4):
+        if device == "cuda":
+            torch.cuda._sleep(200_000_000)  # the GPU busy for a while, the copies queued behind
+        state["step"] = step
+        writer.save(state, tmp_path / "last.pt", keep_last=2)  # the second waits for the first write
+        w.add_(1.0)  # the next optimizer step, while the file is being written
     writer.wait()
     back, first = load_checkpoint(tmp_path / "last.pt"), load_checkpoint(tmp_path / "step_00000003.pt")
-    assert back["step"] == 4 and torch.equal(back["model"]["w"], torch.ones(4_000_000))
-    assert first["step"] == 3 and torch.equal(first["model"]["w"], torch.zeros(4_000_000))
-    assert torch.equal(first["optimizer"]["state"][0]["m"], torch.zeros(5))
+    assert back["step"] == 4 and torch.equal(back["model"]["w"], torch.full((4_000_000,), 8.0))
+    assert first["step"] == 3 and torch.equal(first["model"]["w"], torch.full((4_000_000,), 7.0))
+    assert torch.equal(first["optimizer"]["state"][0]["m"], torch.full((5,), 7.0))
     assert not list(tmp_path.glob("*.tmp"))
 
 

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset, Sampler
@@ -355,8 +356,9 @@ class PackedBatchSampler(Sampler):
 
     def __init__(self, src_lens: list[int], tgt_lens: list[int], pack_len: int, rows: int, rank: int = 0,
                  world_size: int = 1, seed: int = 0, accum: int = 1, epochs: int | None = None):  # fmt: skip
-        self.src_lens, self.tgt_lens = torch.tensor(src_lens), torch.tensor(tgt_lens)
-        longer = torch.maximum(self.src_lens, self.tgt_lens)
+        # numpy: on a many-core host ATen's threaded CPU kernels take tens of ms on these, on the training loop's thread
+        self.src_lens, self.tgt_lens = np.array(src_lens, dtype=np.int64), np.array(tgt_lens, dtype=np.int64)
+        longer = np.maximum(self.src_lens, self.tgt_lens)
         if int(longer.max()) >= pack_len:
             raise ValueError(f"a pair of {int(longer.max())} tokens does not fit a row of {pack_len} (and its tail)")
         self.rank, self.world, self.seed, self.accum, self.rows = rank, world_size, seed, accum, rows
@@ -365,11 +367,10 @@ class PackedBatchSampler(Sampler):
         self.epochs = epochs  # the end of the data (None: no end)
         top = int(longer.max()) + 1
         self.key = (longer * top + self.tgt_lens) * top + self.src_lens
-        layout = torch.randperm(len(self.key), generator=torch.Generator().manual_seed(mix_seed(seed, 54321)))
-        self.slots = torch.argsort(self.key[layout], stable=True)  # the layout's positions, by the lengths they take
+        layout = torch.randperm(len(self.key), generator=torch.Generator().manual_seed(mix_seed(seed, 54321))).numpy()
+        self.slots = np.argsort(self.key[layout], kind="stable")  # the layout's positions, by the lengths they take
         sizes = pack_rows(self.src_lens[layout].tolist(), self.tgt_lens[layout].tolist(), pack_len - 1)
         self.bounds = [0, *itertools.accumulate(sizes)]
-        self.row_of = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))  # position -> row
         self.n_rows = len(sizes)  # rows of each epoch, all real
         self.steps_per_epoch = self.n_rows / self.per_step  # on average
         self.fill = float(self.src_lens.sum() + self.tgt_lens.sum()) / (2 * self.n_rows * pack_len)
@@ -387,10 +388,10 @@ class PackedBatchSampler(Sampler):
         """Epoch `epoch`'s rows in dealing order, and the target tokens of each."""
         if epoch not in self._rows:
             g = torch.Generator().manual_seed(mix_seed(self.seed, epoch))
-            perm = torch.randperm(len(self.key), generator=g)
-            order = torch.empty_like(perm)
-            order[self.slots] = perm[torch.argsort(self.key[perm], stable=True)]  # pairs of equal lengths, shuffled
-            tokens = torch.zeros(self.n_rows, dtype=torch.long).index_add_(0, self.row_of, self.tgt_lens[order])
+            perm = torch.randperm(len(self.key), generator=g).numpy()
+            order = np.empty_like(perm)
+            order[self.slots] = perm[np.argsort(self.key[perm], kind="stable")]  # pairs of equal lengths, shuffled
+            tokens = np.add.reduceat(self.tgt_lens[order], self.bounds[:-1])  # of each row
             flat = order.tolist()
             shuffle = torch.randperm(self.n_rows, generator=g).tolist()
             rows = [flat[self.bounds[k] : self.bounds[k + 1]] for k in shuffle]
