@@ -356,7 +356,7 @@ class PackedBatchSampler(Sampler):
 
     def __init__(self, src_lens: list[int], tgt_lens: list[int], pack_len: int, rows: int, rank: int = 0,
                  world_size: int = 1, seed: int = 0, accum: int = 1, epochs: int | None = None):  # fmt: skip
-        # numpy: on a many-core host ATen's threaded CPU kernels take tens of ms on these, on the training loop's thread
+        # numpy, not ATen: ATen's threaded CPU kernels are slow on arrays this small on many cores (the loop's thread)
         self.src_lens, self.tgt_lens = np.array(src_lens, dtype=np.int64), np.array(tgt_lens, dtype=np.int64)
         longer = np.maximum(self.src_lens, self.tgt_lens)
         if int(longer.max()) >= pack_len:
