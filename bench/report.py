@@ -166,8 +166,9 @@ def figures() -> list[tuple]:
         (B, "waiting: {:.0f}–{:.0f}% of the throughput lost", *sorted(100 * (1 - fsdp["base", n][1][0] / fsdp["base", n][0][0]) for n in (2, 4))),
         (B, "brings `base` within {:.0f}% of DDP", max(100 * (1 - fsdp["base", n][2][0] / fsdp["base", n][0][0]) for n in (2, 4))),
         (B, "DDP's 16 bytes a parameter, {:.1f} GiB.", 16 * 1073.9e6 / 2**30),
-        (B, "of `1b` on 2 and 4 GPUs: {:.1f}% and {:.1f}% under DDP, {:.1f}% and {:.1f}% with\n`--fsdp model`.",  # 6 x params x tok/s / peak, a GPU
+        (B, "of `1b` on 2 and 4 GPUs: {:.1f}% and {:.1f}% under DDP, {:.1f}% and {:.1f}% with\n`--fsdp model`;",  # 6 x params x tok/s / peak, a GPU
          *(100 * 6 * 1073.9e6 * fsdp["1b", n][k][0] / (989e12 * n) for k in (0, 2) for n in (2, 4))),
+        (B, "16,384 tokens): {:.1f}%.", mfu("tr_1b_bare_1xh200.json", "bare step 1b, packed 16x1024 rows, 16071 real target tokens, bf16, compile, model and loss compiled together")),
         (B, "layers, {:.2f}B parameters", big / 1e3), (B, "alone would take {:.1f} GiB a GPU", 16 * big * 1e6 / 2**30),
         (B, "slow `--fsdp model` from {:,.0f} to {:,.0f} tokens/s", *(median(f"tr_base_m8_fsdpmodel_{m}_2xh200.jsonl", "tok_per_s") for m in ("compile", "cudagraphs"))),
         (B, "4 H200s: {:,.0f} tokens/s, {:.1f} GiB a GPU at peak", median("tr_1b_l82_m8_fsdp_4xh200.jsonl", "tok_per_s"), peak("tr_1b_l82_m8_fsdp_4xh200.jsonl")),
