@@ -224,6 +224,50 @@ def test_ranks_exit_with_their_killed_agent(data, tmp_path):
     release_locks()
 
 
+STEPS_AFTER_THE_STORE = """
+import argparse, os, time
+from common import hardening
+from common.args import add_shared_args
+from common.distributed import cleanup_distributed, setup_distributed, stop_requested
+
+p = argparse.ArgumentParser()
+add_shared_args(p, "out", 1)
+args = p.parse_args()
+hardening.enable(args)
+setup_distributed(args)
+print("started", flush=True)
+while not os.path.exists(os.path.join(args.output_dir, "go")):
+    time.sleep(0.05)
+print("steps:", [stop_requested(step) for step in (1, 2, 3)], flush=True)
+cleanup_distributed()
+"""
+
+
+def test_steps_need_nothing_from_the_launchers_store(tmp_path):
+    """The store a torchrun agent hosts goes with it, SIGKILLed or stopped. Whatever the ranks need from it (their
+    groups: the default one and the stop's) they get during start-up, so at a step no store traffic can meet a
+    store just gone and print torch's C++ frames. Here the test is the agent: it hosts the store, closes it once
+    both ranks have started, and they step on."""
+    port = free_port()
+    store = torch.distributed.TCPStore("127.0.0.1", port, 2, is_master=True, wait_for_workers=False)
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
+           "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "t", "TORCHELASTIC_RESTART_COUNT": "0",
+           "TORCHELASTIC_USE_AGENT_STORE": "True", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}  # fmt: skip
+    ranks = [subprocess.Popen([PY, "-c", STEPS_AFTER_THE_STORE, "--output-dir", str(tmp_path)], cwd=REPO, text=True,
+                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT) for r in (0, 1)]  # fmt: skip
+    try:
+        for rank in ranks:
+            assert rank.stdout.readline() == "started\n"
+        del store
+        (tmp_path / "go").touch()
+        logs = [rank.communicate(timeout=60)[0] for rank in ranks]
+        assert [rank.returncode for rank in ranks] == [0, 0] and logs == ["steps: [False, False, False]\n"] * 2, logs
+    finally:
+        for rank in ranks:
+            rank.kill()
+
+
 def marked(marker: str) -> list[int]:
     """The processes whose environment holds ``marker`` (NAME=VALUE): a job's launcher, ranks and workers."""
     found = []

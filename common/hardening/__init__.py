@@ -27,6 +27,7 @@ def enable(args: argparse.Namespace, check: Callable[[argparse.Namespace], None]
     stop = preemption.Preemption()  # before the lock is taken: a signal from here on ends in the stop line
     SEAMS.at_cleanup.append(stop.at_cleanup)  # last: it may exit 75
     how = enable_launch(args, how, Path(args.output_dir))
+    SEAMS.init_process_group = functools.partial(stop.start, SEAMS.init_process_group)
     dog = watchdog.Watchdog(args.stall_timeout, how.rank)
     SEAMS.batches, SEAMS.stop = functools.partial(stop.batches, dog.batches), stop.stop
     SEAMS.loader, SEAMS.explain = workers.loader_args, lambda e: launch.exit_if_launcher_gone() or checks.explain(e)

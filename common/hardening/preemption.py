@@ -20,10 +20,8 @@ PREEMPTED = 75  # EX_TEMPFAIL: stopped on a signal after a checkpoint; rerun the
 class Preemption:
     def __init__(self) -> None:
         self.flag, self.work, self.group = torch.zeros(1, dtype=torch.int32), None, None
-        self.received: str | None = None  # the signal this rank got
-        self.stepping = False  # True once training asks for batches: a signal then waits for a step boundary
-        self.stopped = False  # True once the ranks agreed to stop
-        self.step: int | None = None  # the step of the last check; None: no step done by this process
+        self.received, self.step = None, None  # the signal this rank got; the last check's step (None: no step yet)
+        self.stepping = self.stopped = False  # training asked for batches (a signal waits for a step); ranks agreed
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
             signal.signal(sig, self._handler)
 
@@ -33,21 +31,22 @@ class Preemption:
             self.stopped = True
             raise SystemExit(PREEMPTED)
 
+    def start(self, init_process_group: Any, *args: Any, **kwargs: Any) -> None:
+        """init_process_group, then this group: at a step, a store gone with its launcher would print C++ frames."""
+        init_process_group(*args, **kwargs)
+        self.group = dist.new_group(backend="gloo")  # its own: never interleaves with DDP's gradient all-reduces
+
     def batches(self, inner: Any, items: Any, evaluating: bool) -> Any:
-        """The core's ``watched()``, through ``inner`` (the watchdog's): training batches asked for mark the end of
-        the start-up."""
+        """The core's ``watched()``, through ``inner`` (the watchdog's): training batches end the start-up."""
         self.stepping = self.stepping or not evaluating
         return inner(items, evaluating)
 
     def stop(self, step: int) -> bool:
-        """The core's ``stop_requested(step)``: once per optimizer step on every rank; True once any rank got a
-        signal (a step later: the all-reduce started at one step is read at the next)."""
+        """The core's ``stop_requested(step)``, every step on every rank: True a step after any rank got a signal."""
         self.step = step
         if not dist.is_initialized():
             self.stopped = self.received is not None
             return self.stopped
-        if self.group is None:  # its own group: never interleaves with DDP's gradient all-reduces
-            self.group = dist.new_group(backend="gloo")
         if self.work is not None:
             self.work.wait()
             self.stopped = bool(self.flag.item())
