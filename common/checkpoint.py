@@ -77,7 +77,7 @@ class CheckpointWriter:
 
     def save(self, state: dict[str, Any], path: str | os.PathLike, keep_last: int = 0) -> None:
         self.wait()  # the last write is done: its buffers are free
-        self.n = 0  # the state's tensors in order: the n-th's buffer serves each save's n-th
+        self.n = 0  # the state's tensors, counted in order
         state = tree_map_only(torch.Tensor, self._to_host, state)
         if torch.cuda.is_initialized():  # the thread first waits for the copies
             self.pool.submit(torch.cuda.current_stream().record_event().synchronize)
@@ -88,11 +88,11 @@ class CheckpointWriter:
         if pending is not None:
             pending.result()
 
-    def _to_host(self, t: torch.Tensor) -> torch.Tensor:
-        key, self.n = (self.n, t.shape, t.stride(), t.dtype), self.n + 1
-        if key not in self.buffers:
-            self.buffers[key] = torch.empty_like(t, device="cpu", pin_memory=t.is_cuda)
-        return self.buffers[key].copy_(t.detach(), non_blocking=True)
+    def _to_host(self, t: torch.Tensor) -> torch.Tensor:  # the n-th tensor's buffer: one per tensor, at most
+        n, self.n, layout = self.n, self.n + 1, (t.shape, t.stride(), t.dtype, t.is_cuda)
+        if self.buffers.get(n, (None,))[0] != layout:
+            self.buffers[n] = layout, torch.empty_like(t, device="cpu", pin_memory=t.is_cuda)
+        return self.buffers[n][1].copy_(t.detach(), non_blocking=True)
 
 
 def load_model_state(model: torch.nn.Module, state_dict: dict[str, Any], path: str | os.PathLike) -> None:

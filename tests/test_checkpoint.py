@@ -68,6 +68,11 @@ def test_background_writer_saves_the_state_as_it_was_when_asked(tmp_path, device
     assert first["step"] == 3 and torch.equal(first["model"]["w"], torch.full((4_000_000,), 7.0))
     assert torch.equal(first["optimizer"]["state"][0]["m"], torch.full((5,), 7.0))
     assert not list(tmp_path.glob("*.tmp"))
+    state["optimizer"]["state"][0]["m"] = w[:6]  # a tensor of another shape: its buffer replaced, not added
+    writer.save(state, tmp_path / "last.pt")
+    writer.wait()
+    assert len(writer.buffers) == 2 and torch.equal(load_checkpoint(tmp_path / "last.pt")["optimizer"]["state"][0]["m"],
+                                                    torch.full((6,), 9.0))  # fmt: skip
 
 
 def test_background_writer_raises_a_failed_write(tmp_path):

@@ -21,7 +21,7 @@ class Preemption:
     def __init__(self) -> None:
         self.flag, self.work, self.group = torch.zeros(1, dtype=torch.int32), None, None
         self.received, self.step = None, None  # the signal this rank got; the last check's step (None: no step yet)
-        self.stepping = self.stopped = False  # training asked for batches (a signal waits for a step); ranks agreed
+        self.stepping = self.stopped = False  # training asked for batches (a signal waits a step); all ranks stop
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
             signal.signal(sig, self._handler)
 
@@ -32,7 +32,7 @@ class Preemption:
             raise SystemExit(PREEMPTED)
 
     def start(self, init_process_group: Any, *args: Any, **kwargs: Any) -> None:
-        """init_process_group, then this group: at a step, a store gone with its launcher would print C++ frames."""
+        """init_process_group, then this group, during start-up: making it needs the launcher's store, gone with it."""
         init_process_group(*args, **kwargs)
         self.group = dist.new_group(backend="gloo")  # its own: never interleaves with DDP's gradient all-reduces
 
